@@ -1,0 +1,78 @@
+"""airlock_redis: at-most-once tool calls for AI agents, shared across processes through Redis."""
+
+from __future__ import annotations
+
+from .approval import ApprovalRequest, Approver
+from .context import CallContext, current_call_context, current_idempotency_key, tool_call_context
+from .core.canonical import canonical_arguments, idempotency_key
+from .core.errors import (
+    REFUSAL_REASONS,
+    ApprovalDenied,
+    CanonicalizationError,
+    EffectOutcomeUnknown,
+    EffectPolicyViolation,
+    EffectRefused,
+    EffectStatusUnknown,
+    InvalidToolCallId,
+    RecordCorrupt,
+    RefusalReason,
+    ResultNotStored,
+    StoreError,
+    StoreUnavailable,
+    TargetArgsRequired,
+    ToolCallIdRequired,
+)
+from .core.gates import GuardedCall
+from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS
+from .core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from .core.reversibility import Reversibility, reversibility, reversibility_of
+from .guard import EffectGuard, Execution
+from .stores.base import EffectStore
+from .stores.memory import InMemoryEffectStore
+from .stores.redis_store import RedisEffectStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_AMBIGUOUS_ERRORS",
+    "REFUSAL_REASONS",
+    "ApprovalDenied",
+    "ApprovalRequest",
+    "Approver",
+    "BeginKind",
+    "BeginOutcome",
+    "BeginRequest",
+    "CallContext",
+    "CanonicalizationError",
+    "EffectGuard",
+    "EffectOutcomeUnknown",
+    "EffectPolicyViolation",
+    "EffectRefused",
+    "EffectStatusUnknown",
+    "EffectStore",
+    "Execution",
+    "GuardedCall",
+    "InMemoryEffectStore",
+    "InvalidToolCallId",
+    "Record",
+    "RecordCorrupt",
+    "RedisEffectStore",
+    "RefusalReason",
+    "ResultNotStored",
+    "Reversibility",
+    "Settlement",
+    "Status",
+    "StoreError",
+    "StoreUnavailable",
+    "TargetArgsRequired",
+    "ToolCallIdRequired",
+    "TransitionResult",
+    "__version__",
+    "canonical_arguments",
+    "current_call_context",
+    "current_idempotency_key",
+    "idempotency_key",
+    "reversibility",
+    "reversibility_of",
+    "tool_call_context",
+]

@@ -1,0 +1,3 @@
+from airlock_redis.cli import main
+
+raise SystemExit(main())

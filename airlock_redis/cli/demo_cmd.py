@@ -1,0 +1,150 @@
+"""``airlock-redis demo``: the lost-response story, told by two replicas of an agent host.
+
+Each replica is its own process; they share nothing but Redis. The tools count their real
+executions in Redis (standing in for the payment backend), so the table shows what ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import secrets
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from ..core.errors import EffectRefused
+from .common import add_target_arguments, embedded_or_given
+
+HELP = "narrate the lost-response story end to end against a Redis (embedded by default)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser, embedded_default=True)
+
+
+@dataclass(frozen=True)
+class Step:
+    replica: str
+    tool_call_id: str
+    tool: str
+    kwargs: dict[str, Any]
+    lose_response: bool  # the backend acts, then its answer is lost (the tool raises TimeoutError)
+    story: str
+    expect: str  # executed | lost | replayed | refused:<reason>
+
+
+def _scenario() -> list[Step]:
+    return [
+        Step("A", "call_1", "charge", {"account": "acct_1", "cents": 500}, True,
+             "charge runs; the payment API takes the money, but its answer is lost", "lost"),
+        Step("B", "call_1", "charge", {"account": "acct_1", "cents": 500}, False,
+             "the host retries on another replica: charge is irreversible", "refused:effect_status_unknown"),
+        Step("A", "call_2", "charge", {"account": "acct_2", "cents": 700}, False,
+             "a second charge runs and its answer arrives", "executed"),
+        Step("B", "call_2", "charge", {"account": "acct_2", "cents": 700}, False,
+             "a duplicate delivery of call_2 reaches replica B", "replayed"),
+        Step("A", "call_3", "read_balance", {"account": "acct_1"}, True,
+             "read_balance times out", "lost"),
+        Step("B", "call_3", "read_balance", {"account": "acct_1"}, False,
+             "retry of a reversible tool", "executed"),
+        Step("B", "call_2", "charge", {"account": "acct_2", "cents": 900}, False,
+             "the same tool_call_id with other arguments", "refused:policy_violation"),
+    ]  # fmt: skip
+
+
+def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
+    """Runs inside a replica process: build the guard and tools there, make one call."""
+    from ..context import current_idempotency_key, tool_call_context
+    from ..core.reversibility import reversibility
+    from ..guard import EffectGuard
+    from ..stores.redis_store import RedisEffectStore
+
+    backend = redis.Redis.from_url(url)
+    guard = EffectGuard(store=RedisEffectStore(url, namespace=namespace))
+
+    def backend_call(tool: str) -> str:
+        backend.incr(f"{namespace}:demo:executions:{tool}")
+        if step.lose_response:
+            raise TimeoutError("the backend's answer was lost")
+        return current_idempotency_key() or ""
+
+    @guard.wrap
+    def charge(account: str, cents: int) -> dict[str, Any]:
+        key = backend_call("charge")
+        return {"charged": cents, "account": account, "receipt": key[:12]}
+
+    @reversibility("reversible")
+    @guard.wrap
+    def read_balance(account: str) -> int:
+        backend_call("read_balance")
+        return 4200
+
+    tools = {"charge": charge, "read_balance": read_balance}
+    before = int(backend.get(f"{namespace}:demo:executions:{step.tool}") or 0)
+    outcome: dict[str, Any] = {}
+    with tool_call_context(step.tool_call_id, agent_id="agent-1"):
+        try:
+            value = tools[step.tool](**step.kwargs)
+            outcome = {"result": "executed", "value": value}
+        except TimeoutError:
+            outcome = {"result": "lost", "value": "TimeoutError"}
+        except EffectRefused as refused:
+            outcome = {"result": f"refused:{refused.reason}", "value": refused.fix_hint}
+    after = int(backend.get(f"{namespace}:demo:executions:{step.tool}") or 0)
+    if outcome["result"] == "executed" and after == before:
+        outcome["result"] = "replayed"
+    outcome["ran"] = after - before
+    backend.close()
+    return outcome
+
+
+def _print_table(rows: list[list[str]]) -> None:
+    headers = ["#", "replica", "tool_call_id", "call", "what happened", "tool ran", "ok"]
+    widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) for i in range(len(headers))]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def run(args: argparse.Namespace) -> int:
+    namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
+    context = multiprocessing.get_context("spawn")
+    with embedded_or_given(args.url) as target:
+        print(f"Redis: {target.description}")
+        print("Two replicas of an agent host (separate processes) share only this Redis.\n")
+        replicas = {name: ProcessPoolExecutor(max_workers=1, mp_context=context) for name in ("A", "B")}
+        rows: list[list[str]] = []
+        failures = 0
+        try:
+            for number, step in enumerate(_scenario(), start=1):
+                outcome = replicas[step.replica].submit(_replica_step, target.url, namespace, step).result()
+                ok = outcome["result"] == step.expect
+                failures += not ok
+                call = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.kwargs.items())})"
+                rows.append([str(number), step.replica, step.tool_call_id, call, outcome["result"],
+                             str(outcome["ran"]), "yes" if ok else f"NO (expected {step.expect})"])  # fmt: skip
+                print(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
+                if outcome["result"].startswith("refused"):
+                    print(f"   hint: {outcome['value']}")
+        finally:
+            for pool in replicas.values():
+                pool.shutdown()
+        print()
+        _print_table(rows)
+        with redis.Redis.from_url(target.url) as backend:
+            counts = {t: int(backend.get(f"{namespace}:demo:executions:{t}") or 0) for t in ("charge", "read_balance")}
+            for key in backend.scan_iter(match=f"{namespace}*"):
+                backend.delete(key)
+    print(f"\nexecutions: charge {counts['charge']} (2 distinct calls), read_balance {counts['read_balance']} "
+          "(1 call, reversible, retried once)")  # fmt: skip
+    if failures or counts["charge"] != 2:
+        print(f"DEMO FAILED: {failures} step(s) did not behave as the spec says", file=sys.stderr)
+        return 1
+    print("every irreversible call ran at most once.")
+    return 0

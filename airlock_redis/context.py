@@ -1,0 +1,62 @@
+"""Where a call's tool_call_id comes from, and where the running call's idempotency key is read.
+
+Only the host (or an adapter) sets the id, through :func:`tool_call_context`; a tool argument that
+happens to be named ``tool_call_id`` belongs to the model and is never read.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class CallContext:
+    """What the host says about the current tool call."""
+
+    tool_call_id: Any = None
+    agent_id: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+_host_context: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
+    "airlock_redis_call_context", default=None
+)
+_running_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "airlock_redis_idempotency_key", default=None
+)
+
+
+@contextmanager
+def tool_call_context(
+    tool_call_id: str | None, agent_id: str | None = None, **metadata: Any
+) -> Iterator[CallContext]:
+    """Carry the model's tool call id onto the guarded calls made inside the block."""
+    context = CallContext(tool_call_id=tool_call_id, agent_id=agent_id, metadata=dict(metadata))
+    token = _host_context.set(context)
+    try:
+        yield context
+    finally:
+        _host_context.reset(token)
+
+
+def current_call_context() -> CallContext | None:
+    """The innermost :func:`tool_call_context`, or None."""
+    return _host_context.get()
+
+
+def current_idempotency_key() -> str | None:
+    """The idempotency key of the guarded call running now (None outside one)."""
+    return _running_key.get()
+
+
+@contextmanager
+def running_key(key: str | None) -> Iterator[None]:
+    token = _running_key.set(key)
+    try:
+        yield
+    finally:
+        _running_key.reset(token)

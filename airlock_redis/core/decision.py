@@ -1,0 +1,57 @@
+"""The replay table: what a call does given what ``begin`` found. Pure, no I/O.
+
+| what begin found                   | not reversible              | reversible          |
+|------------------------------------|-----------------------------|---------------------|
+| nothing (or this attempt's own)    | run                         | run                 |
+| committed with a stored value      | replay the value            | replay the value    |
+| committed, value not storable      | refuse result_not_stored    | same                |
+| pending or unknown                 | refuse effect_status_unknown| run again           |
+| other tool or other arguments      | refuse policy_violation     | same                |
+
+The "run again" cell is carried out atomically by the store's ``begin`` (it takes the record over
+for a new attempt when told the tool is reversible and answers ``started``); ``decide`` still
+never runs a call on any other answer, so a store can only err on the side of refusing.
+Whether the tool may run again is ``Reversibility.may_run_again``, passed to ``begin``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import RefusalReason
+from .records import BeginKind, BeginOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    value: bytes
+    mac: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    reason: RefusalReason
+    detail: BeginOutcome
+
+
+Decision = Run | Replay | Refuse
+
+
+def decide(outcome: BeginOutcome) -> Decision:
+    kind = outcome.kind
+    if kind is BeginKind.STARTED:
+        return Run(outcome.attempt)
+    if kind is BeginKind.COMMITTED:
+        if outcome.value is None:
+            return Refuse("result_not_stored", outcome)
+        return Replay(outcome.value, outcome.mac)
+    if kind is BeginKind.MISMATCH:
+        return Refuse("policy_violation", outcome)
+    # pending or unknown: the store takes a reversible call over and answers STARTED, so reaching
+    # this line means the earlier attempt's effect is in doubt and this tool must not run again.
+    return Refuse("effect_status_unknown", outcome)

@@ -1,0 +1,78 @@
+"""What the stores hold and answer: statuses, begin outcomes, transition results."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Status(str, enum.Enum):
+    """The status of one tool call's record."""
+
+    PENDING = "pending"
+    COMMITTED = "committed"
+    UNKNOWN = "unknown"
+
+
+class BeginKind(str, enum.Enum):
+    """What ``begin`` found (and did) for a call."""
+
+    STARTED = "started"  # this attempt now owns the record and may run the tool
+    COMMITTED = "committed"  # an earlier attempt committed
+    PENDING = "pending"  # an earlier attempt is running, or was lost while running
+    UNKNOWN = "unknown"  # an earlier attempt ended in doubt
+    MISMATCH = "mismatch"  # the id was used for another tool or other arguments
+
+
+class Settlement(str, enum.Enum):
+    """How an attempt that did not commit leaves its record."""
+
+    UNKNOWN = "unknown"  # the effect may have happened: keep the record, refuse re-runs
+    RELEASE = "release"  # the effect did not happen: delete the record, the call may run again
+
+
+class TransitionResult(str, enum.Enum):
+    """The answer of commit, settle and resolve."""
+
+    OK = "ok"
+    SUPERSEDED = "superseded"  # another attempt (or an operator) owns the record now
+    MISSING = "missing"  # no record (expired, released or resolved away)
+    MISMATCH = "mismatch"  # resolve: the record's idempotency key is not the expected one
+
+
+@dataclass(frozen=True, slots=True)
+class BeginRequest:
+    tool_call_id: str
+    idempotency_key: str
+    tool: str
+    token: str
+    reversible: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BeginOutcome:
+    kind: BeginKind
+    attempt: int = 1
+    value: bytes | None = None  # committed: the stored result, None when it could not be stored
+    mac: bytes | None = None
+    tool: str | None = None  # mismatch: the tool the record belongs to
+    idempotency_key: str | None = None  # mismatch: the key the record belongs to
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A full record, as operators see it."""
+
+    tool_call_id: str
+    status: Status
+    idempotency_key: str
+    tool: str
+    owner: str
+    attempt: int
+    value: bytes | None
+    stored: bool  # False when the call committed but its result could not be stored
+    mac: bytes | None
+    begun_ms: int | None
+    committed_ms: int | None
+    ttl_ms: int | None  # None: no expiry (or unknown)
+    note: str | None = None

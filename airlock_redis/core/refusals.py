@@ -1,0 +1,116 @@
+"""The refusals the guard raises, each with a message that says what happened and what to do."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .errors import (
+    ApprovalDenied,
+    EffectPolicyViolation,
+    EffectStatusUnknown,
+    RecordCorrupt,
+    ResultNotStored,
+    StoreUnavailable,
+    TargetArgsRequired,
+    ToolCallIdRequired,
+)
+from .records import BeginOutcome
+from .reversibility import Reversibility
+
+
+def _ask_backend(tool_call_id: str, key: str) -> str:
+    return (
+        f"Do not retry. Ask the backend whether the operation with idempotency key {key} took place, "
+        f"then record the answer: airlock-redis resolve {tool_call_id!r} --committed | --release."
+    )
+
+
+def status_unknown(tool: str, tool_call_id: str, key: str, outcome: BeginOutcome) -> EffectStatusUnknown:
+    return EffectStatusUnknown(
+        f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} is {outcome.kind.value} "
+        f"(attempt {outcome.attempt}): it may already have taken effect, and the tool is not reversible.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=_ask_backend(tool_call_id, key),
+    )
+
+
+def policy_violation(tool: str, tool_call_id: str, key: str, outcome: BeginOutcome) -> EffectPolicyViolation:
+    what = f"another tool ({outcome.tool!r})" if outcome.tool and outcome.tool != tool else "other arguments"
+    return EffectPolicyViolation(
+        f"tool_call_id {tool_call_id!r} was already used for {what}; a replay must repeat the same tool "
+        "with the same arguments.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint="Do not retry under this id: a different call needs a new tool_call_id.",
+    )
+
+
+def result_not_stored(tool: str, tool_call_id: str, key: str) -> ResultNotStored:
+    return ResultNotStored(
+        f"{tool!r} already ran under tool_call_id {tool_call_id!r}, but its result could not be stored "
+        "(not serialisable, or over the size limit), so it cannot be replayed.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=f"Do not retry. The effect took place; its idempotency key is {key}.",
+    )
+
+
+def record_corrupt(tool: str, tool_call_id: str, key: str, why: str) -> RecordCorrupt:
+    return RecordCorrupt(
+        f"The stored record of tool_call_id {tool_call_id!r} ({tool!r}) cannot be trusted: {why}. "
+        "It is neither replayed nor run again.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=(
+            "Do not retry. Inspect it with airlock-redis inspect, ask the backend about idempotency key "
+            f"{key}, then resolve it."
+        ),
+    )
+
+
+def store_unavailable(tool: str, tool_call_id: str, key: str, why: str) -> StoreUnavailable:
+    return StoreUnavailable(
+        f"The effect store could not record the call, so {tool!r} did not run ({why}).",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint="Nothing took effect: retry with the same tool_call_id once the store is reachable.",
+    )
+
+
+def tool_call_id_required(tool: str, tag: Reversibility, problem: str) -> ToolCallIdRequired:
+    return ToolCallIdRequired(
+        f"{tool!r} is {tag.value} and {problem}, so it cannot be run at most once.",
+        tool=tool,
+        tool_call_id=None,
+        fix_hint=(
+            "The host must carry the model's tool call id on the call: "
+            "`with tool_call_context(tool_call.id): ...`, or under agent_airlock "
+            "`with AirlockContext(metadata={'tool_call_id': tool_call.id}): ...`."
+        ),
+    )
+
+
+def target_args_required(tool: str, tool_call_id: str | None, targets: Sequence[str]) -> TargetArgsRequired:
+    names = ", ".join(targets)
+    return TargetArgsRequired(
+        f"{tool!r} is irreversible and the call names none of its targets ({names}).",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        fix_hint=f"Pass at least one of these arguments with a value: {names}.",
+    )
+
+
+def approval_denied(tool: str, tool_call_id: str | None, key: str | None, why: str) -> ApprovalDenied:
+    return ApprovalDenied(
+        f"{tool!r} needs approval and was not approved: {why}.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint="Do not retry unless an approver grants this call.",
+    )

@@ -1,0 +1,86 @@
+"""The ``@reversibility`` tag and how the guard reads it.
+
+The tag is static metadata on the tool. The guard reads it along the ``__wrapped__`` chain, so it
+works above or below other decorators; where several tags are found the strictest wins, and a tool
+with no tag is irreversible.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+TAG_ATTRIBUTE = "__airlock_reversibility__"
+_MAX_CHAIN = 64
+
+
+class Reversibility(str, enum.Enum):
+    """How safely a tool can run twice. Ordered from least to most strict."""
+
+    REVERSIBLE = "reversible"
+    COSTLY = "costly"
+    IRREVERSIBLE = "irreversible"
+
+    @property
+    def strictness(self) -> int:
+        return _STRICTNESS[self]
+
+    @property
+    def may_run_again(self) -> bool:
+        """Only a reversible tool is run again after an attempt whose outcome is in doubt."""
+        return self is Reversibility.REVERSIBLE
+
+
+_STRICTNESS = {Reversibility.REVERSIBLE: 0, Reversibility.COSTLY: 1, Reversibility.IRREVERSIBLE: 2}
+ReversibilityName = Literal["reversible", "costly", "irreversible"]
+
+
+def reversibility(level: ReversibilityName | Reversibility) -> Callable[[F], F]:
+    """Tag a tool as ``"reversible"``, ``"costly"`` or ``"irreversible"``.
+
+    The decorator returns the same function with the tag attached; put it above or below
+    ``@Airlock`` / ``guard.wrap``.
+    """
+    try:
+        tag = Reversibility(level)
+    except ValueError:
+        raise ValueError(
+            f"reversibility must be one of 'reversible', 'costly', 'irreversible', not {level!r}"
+        ) from None
+
+    def tag_tool(fn: F) -> F:
+        existing = _own_tag(fn)
+        if existing is not None and existing.strictness > tag.strictness:
+            return fn
+        try:
+            setattr(fn, TAG_ATTRIBUTE, tag)
+        except (AttributeError, TypeError) as exc:
+            raise TypeError(f"cannot tag {fn!r} with @reversibility: {exc}") from exc
+        return fn
+
+    return tag_tool
+
+
+def _own_tag(obj: Any) -> Reversibility | None:
+    try:
+        own = vars(obj).get(TAG_ATTRIBUTE)
+    except TypeError:
+        own = getattr(obj, TAG_ATTRIBUTE, None)
+    return own if isinstance(own, Reversibility) else None
+
+
+def reversibility_of(fn: Any) -> Reversibility:
+    """The strictest tag found along ``fn``'s ``__wrapped__`` chain; untagged means irreversible."""
+    found: Reversibility | None = None
+    current: Any = fn
+    seen: set[int] = set()
+    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
+        seen.add(id(current))
+        tag = _own_tag(current)
+        if tag is not None and (found is None or tag.strictness > found.strictness):
+            found = tag
+        current = getattr(current, "__wrapped__", None)
+    return found if found is not None else Reversibility.IRREVERSIBLE

@@ -1,0 +1,79 @@
+"""The contract every effect store keeps.
+
+A store is dumb and atomic: it knows records, owner tokens, TTLs and bytes, never tools or
+policies. ``begin`` must be atomic across every process that shares the store. Each operation has
+a blocking form and an ``a``-prefixed coroutine form, so one store object serves sync and async
+tools. Operations raise :class:`~airlock_redis.core.errors.StoreError` when the store cannot
+answer.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+
+
+@runtime_checkable
+class EffectStore(Protocol):
+    def begin(self, request: BeginRequest) -> BeginOutcome:
+        """Record the call pending for ``request.token``, or report what an earlier attempt left.
+
+        Absent -> pending, STARTED. Same owner token -> STARTED again (a re-sent begin is harmless).
+        Another tool or idempotency key -> MISMATCH. Committed -> COMMITTED with the value.
+        Pending/unknown -> taken over for this token (attempt + 1) and STARTED if ``reversible``,
+        else the status.
+        """
+        ...
+
+    def commit(
+        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        """Owner only: mark the call committed with its value (None: ran, result not storable)."""
+        ...
+
+    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+        """Owner only: mark a pending call unknown, or release (delete) it."""
+        ...
+
+    def get(self, tool_call_id: str) -> Record | None:
+        """The record, or None."""
+        ...
+
+    def resolve(
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement,
+        *,
+        expect_key: str | None = None,
+        value: bytes | None = None,
+        mac: bytes | None = None,
+    ) -> TransitionResult:
+        """The operator's verdict on a record: committed (with a value), unknown, or release."""
+        ...
+
+    async def abegin(self, request: BeginRequest) -> BeginOutcome: ...
+
+    async def acommit(
+        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult: ...
+
+    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult: ...
+
+    async def aget(self, tool_call_id: str) -> Record | None: ...
+
+    async def aresolve(
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement,
+        *,
+        expect_key: str | None = None,
+        value: bytes | None = None,
+        mac: bytes | None = None,
+    ) -> TransitionResult: ...
+
+
+def check_verdict(verdict: Status | Settlement) -> None:
+    """An operator resolves a record to committed, unknown or release; never back to pending."""
+    if verdict not in (Status.COMMITTED, Status.UNKNOWN, Settlement.UNKNOWN, Settlement.RELEASE):
+        raise ValueError(f"resolve takes committed, unknown or release, not {verdict!r}")
