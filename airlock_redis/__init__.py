@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .approval import ApprovalRequest, Approver
 from .context import CallContext, current_call_context, current_idempotency_key, tool_call_context
 from .core.canonical import canonical_arguments, idempotency_key
@@ -31,11 +33,27 @@ from .stores.base import EffectStore
 from .stores.memory import InMemoryEffectStore
 from .stores.redis_store import RedisEffectStore
 
+if TYPE_CHECKING:
+    from .airlock import Airlock, SecurityPolicy
+
 __version__ = "0.1.0"
+
+_AIRLOCK_NAMES = ("Airlock", "SecurityPolicy")
+
+
+def __getattr__(name: str) -> Any:
+    # agent-airlock is an optional extra: its adapter loads on first use of these names.
+    if name in _AIRLOCK_NAMES:
+        from . import airlock
+
+        return getattr(airlock, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_AMBIGUOUS_ERRORS",
     "REFUSAL_REASONS",
+    "Airlock",
     "ApprovalDenied",
     "ApprovalRequest",
     "Approver",
@@ -60,6 +78,7 @@ __all__ = [
     "RefusalReason",
     "ResultNotStored",
     "Reversibility",
+    "SecurityPolicy",
     "Settlement",
     "Status",
     "StoreError",

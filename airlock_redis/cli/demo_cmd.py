@@ -10,6 +10,7 @@ import argparse
 import multiprocessing
 import secrets
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -83,7 +84,7 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
         backend_call("read_balance")
         return 4200
 
-    tools = {"charge": charge, "read_balance": read_balance}
+    tools: dict[str, Callable[..., Any]] = {"charge": charge, "read_balance": read_balance}
     before = int(backend.get(f"{namespace}:demo:executions:{step.tool}") or 0)
     outcome: dict[str, Any] = {}
     with tool_call_context(step.tool_call_id, agent_id="agent-1"):
@@ -127,8 +128,18 @@ def run(args: argparse.Namespace) -> int:
                 ok = outcome["result"] == step.expect
                 failures += not ok
                 call = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.kwargs.items())})"
-                rows.append([str(number), step.replica, step.tool_call_id, call, outcome["result"],
-                             str(outcome["ran"]), "yes" if ok else f"NO (expected {step.expect})"])  # fmt: skip
+                verdict = "yes" if ok else f"NO (expected {step.expect})"
+                rows.append(
+                    [
+                        str(number),
+                        step.replica,
+                        step.tool_call_id,
+                        call,
+                        outcome["result"],
+                        str(outcome["ran"]),
+                        verdict,
+                    ]
+                )
                 print(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
                 if outcome["result"].startswith("refused"):
                     print(f"   hint: {outcome['value']}")
@@ -138,11 +149,16 @@ def run(args: argparse.Namespace) -> int:
         print()
         _print_table(rows)
         with redis.Redis.from_url(target.url) as backend:
-            counts = {t: int(backend.get(f"{namespace}:demo:executions:{t}") or 0) for t in ("charge", "read_balance")}
+            counts = {
+                tool: int(backend.get(f"{namespace}:demo:executions:{tool}") or 0)
+                for tool in ("charge", "read_balance")
+            }
             for key in backend.scan_iter(match=f"{namespace}*"):
                 backend.delete(key)
-    print(f"\nexecutions: charge {counts['charge']} (2 distinct calls), read_balance {counts['read_balance']} "
-          "(1 call, reversible, retried once)")  # fmt: skip
+    print(
+        f"\nexecutions: charge {counts['charge']} (2 distinct calls), "
+        f"read_balance {counts['read_balance']} (1 call, reversible, retried once)"
+    )
     if failures or counts["charge"] != 2:
         print(f"DEMO FAILED: {failures} step(s) did not behave as the spec says", file=sys.stderr)
         return 1

@@ -108,6 +108,11 @@ class StoreError(Exception):
     """A store could not complete an operation (connection lost, timeout, server error)."""
 
 
+class CorruptRecordError(StoreError):
+    """The store holds something under the call's key that is not a well-formed record (edited by
+    hand or damaged). The guard refuses the call as ``record_corrupt``; the tool does not run."""
+
+
 class InvalidToolCallId(ValueError):
     """A tool_call_id that is present but cannot be used as a record key."""
 

@@ -28,6 +28,27 @@ class Reversibility(str, enum.Enum):
     def strictness(self) -> int:
         return _STRICTNESS[self]
 
+    # Compare by strictness, not as strings (which would put "costly" < "irreversible" < "reversible").
+    def __lt__(self, other: object) -> bool:
+        if isinstance(other, Reversibility):
+            return self.strictness < other.strictness
+        return NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        if isinstance(other, Reversibility):
+            return self.strictness <= other.strictness
+        return NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        if isinstance(other, Reversibility):
+            return self.strictness > other.strictness
+        return NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        if isinstance(other, Reversibility):
+            return self.strictness >= other.strictness
+        return NotImplemented
+
     @property
     def may_run_again(self) -> bool:
         """Only a reversible tool is run again after an attempt whose outcome is in doubt."""

@@ -73,7 +73,28 @@ class EffectStore(Protocol):
     ) -> TransitionResult: ...
 
 
-def check_verdict(verdict: Status | Settlement) -> None:
-    """An operator resolves a record to committed, unknown or release; never back to pending."""
+def check_verdict(verdict: Status | Settlement) -> Status | Settlement:
+    """An operator resolves a record to committed, unknown or release; never back to pending.
+
+    Returns the verdict as the enum member the stores compare by identity (a plain "release" or
+    "committed" string would otherwise compare equal here and then fall through to "unknown").
+    """
     if verdict not in (Status.COMMITTED, Status.UNKNOWN, Settlement.UNKNOWN, Settlement.RELEASE):
         raise ValueError(f"resolve takes committed, unknown or release, not {verdict!r}")
+    if verdict == Settlement.RELEASE:
+        return Settlement.RELEASE
+    return Status.COMMITTED if verdict == Status.COMMITTED else Status.UNKNOWN
+
+
+@runtime_checkable
+class DurableEffectStore(Protocol):
+    """A store that can make a started attempt's pending record durable before the tool runs
+    (RedisEffectStore with ``wait_replicas``). The guard calls ``ensure_durable`` after a begin that
+    said STARTED, and only when ``wait_replicas`` is above 0; it raises StoreError when the record did
+    not reach enough replicas."""
+
+    wait_replicas: int
+
+    def ensure_durable(self, request: BeginRequest) -> None: ...
+
+    async def aensure_durable(self, request: BeginRequest) -> None: ...

@@ -166,7 +166,7 @@ class InMemoryEffectStore:
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
-        check_verdict(verdict)
+        verdict = check_verdict(verdict)
         with self._lock:
             entry = self._live(tool_call_id)
             if entry is None:

@@ -8,28 +8,38 @@ attempt that was superseded.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import logging
+import re
 import secrets
 import time
-import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aredis
+from redis.cluster import RedisCluster
 from redis.commands.core import AsyncScript, Script
 
-from ..core.errors import StoreError
-from ..core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from ..core.errors import CorruptRecordError, StoreError
+from ..core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
 from .base import check_verdict
+from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
+from .server_facts import ServerFacts
+from .server_facts import report as report_facts
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, StatusTTLs
+from .url import AsyncClient, SyncClient, async_twin_of_cluster, parse_url, sync_client
+from .url import async_client as url_async_client
 
 T = TypeVar("T")
 
 DEFAULT_URL = "redis://localhost:6379/0"
 _REDIS_FAILURES = (redis.RedisError, OSError)
+log = logging.getLogger("airlock_redis")
 
 
 def _now_ms() -> int:
@@ -39,9 +49,13 @@ def _now_ms() -> int:
 class RedisEffectStore:
     """Records in Redis, shared by every process and machine that points at the same server.
 
-    ``url`` picks the server (``redis://``, ``rediss://``, ``unix://``); ``client=`` takes an existing
-    redis-py client instead (it must not decode responses). Coroutine operations use a
-    ``redis.asyncio`` client made for the running event loop (or ``async_client=``).
+    ``url`` picks the server (``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h:p,h:p``,
+    ``redis+sentinel://h:p,h:p/<service>[/db]``: see :mod:`.url`); ``client=`` takes an existing
+    redis-py client (``Redis`` or ``RedisCluster``) instead (it must not decode responses). Coroutine
+    operations use a ``redis.asyncio`` client made for the running event loop (or ``async_client=``).
+
+    ``wait_replicas=N`` (with ``wait_timeout`` seconds) makes every started attempt wait until N
+    replicas hold its pending record before the tool runs (see :mod:`.durability`).
     """
 
     def __init__(
@@ -52,16 +66,23 @@ class RedisEffectStore:
         committed_ttl: float = DEFAULT_COMMITTED_TTL,
         pending_ttl: float = DEFAULT_PENDING_TTL,
         unknown_ttl: float = DEFAULT_UNKNOWN_TTL,
-        client: redis.Redis | None = None,
-        async_client: aredis.Redis | Callable[[], aredis.Redis] | None = None,
+        client: SyncClient | None = None,
+        async_client: AsyncClient | Callable[[], AsyncClient] | None = None,
         socket_timeout: float | None = 5.0,
         socket_connect_timeout: float | None = 5.0,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
         if url is None and client is None and async_client is None:
             url = DEFAULT_URL
         self.url = url
+        self._parsed_url = parse_url(url) if url is not None else None
+        self.wait_replicas = wait_replicas
+        self._replica_wait = ReplicaWait(wait_replicas, wait_timeout) if wait_replicas else None
+        self._facts: ServerFacts | None = None
+        self._facts_checked = False
         self._timeouts: dict[str, Any] = {
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": socket_connect_timeout,
@@ -72,27 +93,42 @@ class RedisEffectStore:
                     "the Redis client decodes responses to str; the effect store needs bytes "
                     "(create the client with decode_responses=False)"
                 )
-        self._client: redis.Redis | None = client
+        self._client: SyncClient | None = client
         self._sync_scripts: dict[str, Script] = {}
         self._async_factory = self._pick_async_factory(async_client)
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aredis.Redis] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._async_scripts: weakref.WeakKeyDictionary[aredis.Redis, dict[str, AsyncScript]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
+        # connections refer to their loop, so weak keys would never be freed. Each client we made is
+        # closed when its loop shuts down (see _close_with_loop); entries of loops closed some other
+        # way are dropped the next time a loop needs a client.
+        self._async_clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
+        self._owns_async_clients = async_client is None or _is_factory(async_client)
 
     def _pick_async_factory(
-        self, async_client: aredis.Redis | Callable[[], aredis.Redis] | None
-    ) -> Callable[[], aredis.Redis] | None:
+        self, async_client: AsyncClient | Callable[[], AsyncClient] | None
+    ) -> Callable[[], AsyncClient] | None:
         if async_client is not None and not _is_factory(async_client):
-            fixed = cast(aredis.Redis, async_client)
+            fixed = cast(AsyncClient, async_client)
             return lambda: fixed
         if async_client is not None:
-            return cast(Callable[[], aredis.Redis], async_client)
+            return cast(Callable[[], AsyncClient], async_client)
+        if self._parsed_url is not None and self._parsed_url.kind != "single":
+            parsed, options = self._parsed_url, dict(self._timeouts)
+            return lambda: url_async_client(parsed, **options)
         if self.url is not None:
             url = self.url
-            return lambda: aredis.Redis.from_url(url, decode_responses=False, **self._timeouts)
+            timeouts = self._timeouts
+
+            def make() -> aredis.Redis:
+                # A blocking pool: past max_connections concurrent calls wait for a connection
+                # (up to the socket timeout) instead of failing with "Too many connections".
+                pool = aredis.BlockingConnectionPool.from_url(
+                    url, decode_responses=False, timeout=timeouts["socket_timeout"], **timeouts
+                )
+                return aredis.Redis.from_pool(pool)
+
+            return make
+        if isinstance(self._client, RedisCluster):
+            return async_twin_of_cluster(self._client)
         if self._client is not None:
             return async_twin_factory(self._client)
         return None
@@ -103,11 +139,89 @@ class RedisEffectStore:
 
     # -- clients ---------------------------------------------------------------------------------
     @property
-    def client(self) -> redis.Redis:
+    def client(self) -> SyncClient:
         if self._client is None:
-            assert self.url is not None
-            self._client = redis.Redis.from_url(self.url, decode_responses=False, **self._timeouts)
+            if self.url is None:
+                raise StoreError(
+                    "this RedisEffectStore was given only an async client: blocking calls need a url "
+                    "or client= (a redis-py client)"
+                )
+            assert self._parsed_url is not None
+            self._client = sync_client(self._parsed_url, **self._timeouts)
         return self._client
+
+    # -- server facts and durability (wait_replicas) ----------------------------------------------
+    @property
+    def server_facts(self) -> ServerFacts | None:
+        """Version, eviction policy and AOF of the primaries, once read (on the first begin)."""
+        return self._facts
+
+    def _learn_server(self, facts: ServerFacts | None) -> None:
+        self._facts, self._facts_checked = facts, True
+        if facts is not None:
+            report_facts(facts, repr(self))
+
+    def check_server(self) -> ServerFacts | None:
+        """Read the server facts now (a logged warning if the eviction policy can delete records)."""
+        try:
+            facts: ServerFacts | None = read_facts(self.client)
+        except _REDIS_FAILURES as exc:  # INFO refused (ACL) or the server is down: begin will tell
+            log.info("airlock_redis: could not read the server's settings (%s)", exc)
+            if not isinstance(exc, redis.ResponseError):
+                return None  # unreachable now: try again on the next begin
+            facts = None
+        self._learn_server(facts)
+        return facts
+
+    async def acheck_server(self) -> ServerFacts | None:
+        try:
+            facts: ServerFacts | None = await aread_facts(self.async_client())
+        except _REDIS_FAILURES as exc:
+            log.info("airlock_redis: could not read the server's settings (%s)", exc)
+            if not isinstance(exc, redis.ResponseError):
+                return None
+            facts = None
+        self._learn_server(facts)
+        return facts
+
+    def ensure_durable(self, request: BeginRequest) -> None:
+        """After a started begin: raise (a StoreError) unless wait_replicas replicas hold the record."""
+        if self._replica_wait is not None:
+            self._replica_wait.ensure(request.token)
+
+    async def aensure_durable(self, request: BeginRequest) -> None:
+        if self._replica_wait is not None:
+            self._replica_wait.ensure(request.token)
+
+    def _begin_waited(self, request: BeginRequest) -> BeginOutcome:
+        assert self._replica_wait is not None
+        wait = self._replica_wait
+        key, source = self.key(request.tool_call_id), script_source("begin")
+        args = self._begin_args(request)
+        reply, acks = _guarded(
+            lambda: wait.begin(
+                self.client, key=key, sha=_sha(source), source=source, args=args, facts=self._facts
+            )
+        )
+        outcome = parse_begin(reply)
+        if outcome.kind is BeginKind.STARTED:
+            wait.remember(request.token, acks)
+        return outcome
+
+    async def _abegin_waited(self, request: BeginRequest) -> BeginOutcome:
+        assert self._replica_wait is not None
+        wait = self._replica_wait
+        key, source = self.key(request.tool_call_id), script_source("begin")
+        args = self._begin_args(request)
+        reply, acks = await _aguarded(
+            lambda: wait.abegin(
+                self.async_client(), key=key, sha=_sha(source), source=source, args=args, facts=self._facts
+            )
+        )
+        outcome = parse_begin(reply)
+        if outcome.kind is BeginKind.STARTED:
+            wait.remember(request.token, acks)
+        return outcome
 
     def _script(self, name: str) -> Script:
         script = self._sync_scripts.get(name)
@@ -115,25 +229,51 @@ class RedisEffectStore:
             script = self._sync_scripts[name] = self.client.register_script(script_source(name))
         return script
 
-    def async_client(self) -> aredis.Redis:
+    def async_client(self) -> AsyncClient:
         """The asyncio client for the running event loop (one per loop: asyncio clients are loop-bound)."""
+        return self._loop_client().client
+
+    def _loop_client(self) -> _LoopClient:
         loop = asyncio.get_running_loop()
-        client = self._async_clients.get(loop)
-        if client is None:
+        held = self._async_clients.get(loop)
+        if held is None:
             if self._async_factory is None:
                 raise StoreError(
                     "this RedisEffectStore has no way to reach Redis from async code: pass a url, or "
                     "async_client= (a redis.asyncio client or a function that makes one)"
                 )
-            client = self._async_clients[loop] = self._async_factory()
-        return client
+            self._forget_closed_loops()
+            held = self._async_clients[loop] = _LoopClient(self._async_factory())
+            if self._owns_async_clients:
+                held.closer = self._close_with_loop(loop, held)
+                _step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
+        return held
+
+    async def _close_with_loop(
+        self, loop: asyncio.AbstractEventLoop, held: _LoopClient
+    ) -> AsyncGenerator[None, None]:
+        """Parked for the loop's lifetime; the loop's ``shutdown_asyncgens()`` (which ``asyncio.run``
+        calls before closing the loop) finishes it, and so closes the client made for that loop."""
+        try:
+            yield
+        finally:
+            if self._async_clients.get(loop) is held:
+                del self._async_clients[loop]
+            if not loop.is_closed():
+                await held.client.aclose()
+
+    def _forget_closed_loops(self) -> None:
+        for loop, held in list(self._async_clients.items()):
+            if loop.is_closed():
+                self._async_clients.pop(loop, None)
+                if held.closer is not None:
+                    _step(held.closer.aclose())  # the loop is gone: end the hook without awaiting
 
     def _ascript(self, name: str) -> AsyncScript:
-        client = self.async_client()
-        scripts = self._async_scripts.setdefault(client, {})
-        script = scripts.get(name)
+        held = self._loop_client()
+        script = held.scripts.get(name)
         if script is None:
-            script = scripts[name] = client.register_script(script_source(name))
+            script = held.scripts[name] = held.client.register_script(script_source(name))
         return script
 
     def key(self, tool_call_id: str) -> bytes:
@@ -167,7 +307,7 @@ class RedisEffectStore:
     def _resolve_args(
         self, verdict: Status | Settlement, expect_key: str | None, value: bytes | None, mac: bytes | None
     ) -> list[Any]:
-        check_verdict(verdict)
+        verdict = check_verdict(verdict)
         if verdict is Settlement.RELEASE:
             name, ttl = "release", 1
         elif verdict is Status.COMMITTED:
@@ -183,6 +323,10 @@ class RedisEffectStore:
         return _guarded(lambda: self._script(name)(keys=[self.key(tool_call_id)], args=args))
 
     def begin(self, request: BeginRequest) -> BeginOutcome:
+        if not self._facts_checked:
+            self.check_server()
+        if self._replica_wait is not None:
+            return self._begin_waited(request)
         return parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request)))
 
     def commit(
@@ -234,6 +378,10 @@ class RedisEffectStore:
         return await _aguarded(lambda: self._ascript(name)(keys=[self.key(tool_call_id)], args=args))
 
     async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        if not self._facts_checked:
+            await self.acheck_server()
+        if self._replica_wait is not None:
+            return await self._abegin_waited(request)
         return parse_begin(await self._arun("begin", request.tool_call_id, self._begin_args(request)))
 
     async def acommit(
@@ -273,10 +421,34 @@ class RedisEffectStore:
         return parse_record(tool_call_id, fields, int(pttl))
 
     async def aclose(self) -> None:
-        """Close the asyncio client of the running loop."""
-        client = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if client is not None:
-            await client.aclose()
+        """Close the asyncio client of the running loop now (``asyncio.run`` closes the ones the store
+        made by itself when its loop ends)."""
+        held = self._async_clients.pop(asyncio.get_running_loop(), None)
+        if held is None:
+            return
+        if held.closer is not None:
+            await held.closer.aclose()
+        else:
+            await held.client.aclose()
+
+
+@dataclass(eq=False)
+class _LoopClient:
+    """One event loop's asyncio client, its registered scripts, and the hook that closes it."""
+
+    client: AsyncClient
+    scripts: dict[str, AsyncScript] = field(default_factory=dict)
+    closer: AsyncGenerator[None, None] | None = None
+
+
+def _step(step: Coroutine[Any, Any, Any]) -> None:
+    """Run one step of an async generator that does not suspend, from synchronous code."""
+    try:
+        step.send(None)
+    except StopIteration:
+        return
+    step.close()
+    raise RuntimeError("an async generator step suspended unexpectedly")
 
 
 def async_twin_factory(client: redis.Redis) -> Callable[[], aredis.Redis] | None:
@@ -312,9 +484,19 @@ def async_twin_factory(client: redis.Redis) -> Callable[[], aredis.Redis] | None
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in allowed}
 
     def make() -> aredis.Redis:
-        return aredis.Redis(connection_pool=aconnection.ConnectionPool(connection_class=twin, **kwargs))
+        twin_pool = aconnection.BlockingConnectionPool(
+            connection_class=twin,
+            max_connections=pool.max_connections,
+            timeout=kwargs.get("socket_timeout"),
+            **kwargs,
+        )
+        return aredis.Redis.from_pool(twin_pool)  # owns the pool: aclose() disconnects it
 
     return make
+
+
+def _sha(source: str) -> str:
+    return hashlib.sha1(source.encode("utf-8")).hexdigest()
 
 
 def _is_factory(value: Any) -> bool:
@@ -334,21 +516,35 @@ def _decodes_responses(client: Any) -> bool:
 
 
 def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+    """The URL without credentials: no user:password@, and no ?password= (redis-py reads both)."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    rest = re.sub(r"(?i)([?&](?:password|username)=)[^&#]*", r"\1***", rest)
+    return f"{scheme}{sep}{rest}"
+
+
+def _failure(exc: BaseException) -> StoreError:
+    message = f"Redis did not complete the operation: {type(exc).__name__}: {exc}"
+    if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
+        return CorruptRecordError(f"the key of the record is not a hash ({exc})")
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        message += (
+            " (the Redis user's ACL does not allow this key or command: check that the store's "
+            "namespace matches the user's key pattern, and the user's command list)"
+        )
+    return StoreError(message)
 
 
 def _guarded(operation: Callable[[], T]) -> T:
     try:
         return operation()
     except _REDIS_FAILURES as exc:
-        raise StoreError(f"Redis did not complete the operation: {type(exc).__name__}: {exc}") from exc
+        raise _failure(exc) from exc
 
 
 async def _aguarded(operation: Callable[[], Awaitable[T]]) -> T:
     try:
         return await operation()
     except _REDIS_FAILURES as exc:
-        raise StoreError(f"Redis did not complete the operation: {type(exc).__name__}: {exc}") from exc
+        raise _failure(exc) from exc

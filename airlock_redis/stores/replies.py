@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..core.errors import StoreError
+from ..core.errors import CorruptRecordError, StoreError
 from ..core.records import BeginKind, BeginOutcome, Record, Status, TransitionResult
 
 
@@ -23,10 +23,13 @@ def _bytes_or_none(value: Any) -> bytes | None:
 def parse_begin(reply: Any) -> BeginOutcome:
     if not isinstance(reply, list) or len(reply) < 2:
         raise StoreError(f"unexpected reply from the begin script: {reply!r}")
+    if _text(reply[0]) == "corrupt":
+        why = _text(reply[4]) if len(reply) > 4 else "the record is malformed"
+        raise CorruptRecordError(why)
     try:
         kind = BeginKind(_text(reply[0]))
     except ValueError:
-        raise StoreError(f"the record holds an unknown status {_text(reply[0])!r}") from None
+        raise CorruptRecordError(f"the record holds an unknown status {_text(reply[0])!r}") from None
     attempt = int(reply[1])
     if kind is BeginKind.COMMITTED:
         value = reply[2] if len(reply) > 2 and reply[2] is not None else None
@@ -55,7 +58,7 @@ def parse_record(tool_call_id: str, fields: dict[Any, Any], pttl: int) -> Record
     try:
         status = Status(_text(data.get("status", b"")))
     except ValueError:
-        raise StoreError(
+        raise CorruptRecordError(
             f"the record of {tool_call_id!r} holds an unknown status {data.get('status')!r}"
         ) from None
 

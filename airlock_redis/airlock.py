@@ -1,0 +1,589 @@
+"""The guard inside agent_airlock's ``@Airlock`` (agent-airlock 0.10.26 to 0.10.28).
+
+Users change one import line::
+
+    from airlock_redis import Airlock, SecurityPolicy, EffectGuard, RedisEffectStore
+
+and put ``effect_guard=EffectGuard(...)`` on the policy. How it plugs in:
+
+- :class:`Airlock` wraps the tool *before* agent_airlock does (``_decorator``), so the guard runs
+  after every agent_airlock gate and after pydantic's strict validation, with the validated
+  arguments, inside the call's ``AirlockContext``. A call any gate refuses never reaches the
+  guard, so it leaves no record; a replay goes through every gate again.
+- The guard's refusals come back as agent_airlock blocked responses carrying our reason code and
+  our fix hint, audited as blocked. Replays go through agent_airlock's output path and are
+  audited with ``"effect": "replayed"``.
+- An escalation (``escalate_tools``) on a guarded policy is asked once, by the guard, after the
+  arguments are validated, so the approver sees the idempotency key; sync and async approvers
+  both work. ``require_approval_for_irreversible`` asks the policy's approver the same way.
+- :class:`SecurityPolicy` adds the ``effect_guard`` field, keeps it through ``freeze()`` and
+  covers its configuration in the frozen digest. A guarded policy used by a plain
+  ``agent_airlock.Airlock`` refuses every call instead of running it unguarded.
+
+This relies on private parts of agent_airlock, checked when this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, ParamSpec, TypeVar, cast
+
+SUPPORTED_AGENT_AIRLOCK = ">=0.10.26,<0.10.29"
+_MIN_VERSION = (0, 10, 26)
+_MAX_VERSION = (0, 10, 29)  # exclusive: 0.10.29 documents its own effect_guard
+
+
+def _version_tuple(text: str) -> tuple[int, ...] | None:
+    match = re.match(r"^(\d+)\.(\d+)\.(\d+)", text)
+    return tuple(int(part) for part in match.groups()) if match else None
+
+
+def _unsupported(found: str, problem: str) -> ImportError:
+    return ImportError(
+        f"airlock_redis.airlock supports agent-airlock {SUPPORTED_AGENT_AIRLOCK} (tested with 0.10.26); "
+        f"the installed agent-airlock {found} {problem}. Install a supported version "
+        f'(pip install "agent-airlock{SUPPORTED_AGENT_AIRLOCK}"), or use EffectGuard.wrap without @Airlock.'
+    )
+
+
+try:
+    import agent_airlock
+    from agent_airlock import Airlock as _BaseAirlock
+    from agent_airlock import AirlockContext, get_current_context
+    from agent_airlock import SecurityPolicy as _BasePolicy
+    from agent_airlock.audit import AuditLogger, AuditRecord
+    from agent_airlock.oversight import OversightRequest, OversightResponse, OversightVerdict
+    from agent_airlock.policy import PolicyEscalation, PolicyViolation
+    from agent_airlock.self_heal import AirlockResponse, BlockReason
+except ImportError as _exc:  # pragma: no cover - depends on the installed agent-airlock
+    raise _unsupported("(not importable)", f"cannot be imported ({_exc})") from _exc
+
+
+def _check_agent_airlock() -> None:
+    """Refuse to load against an agent-airlock whose private hooks may differ from 0.10.26's."""
+    found = str(getattr(agent_airlock, "__version__", "unknown"))
+    version = _version_tuple(found)
+    if version is None or not _MIN_VERSION <= version < _MAX_VERSION:
+        raise _unsupported(found, "is outside that range")
+    hooks: list[tuple[Any, str, tuple[str, ...]]] = [
+        (_BaseAirlock, "_decorator", ("self", "func")),
+        (_BaseAirlock, "_resolve_and_check_policy", ("self", "func_name", "context", "run_context")),
+        (_BaseAirlock, "_resolve_escalation", ("self", "policy", "func_name", "escalation")),
+        (_BaseAirlock, "_log_blocked", ("self", "func_name", "response", "start_time")),
+        (_BaseAirlock, "_safe_invoke_callback", ()),
+        (_BaseAirlock, "_execute_in_sandbox", ()),
+        (AuditLogger, "_write_record", ("self", "record")),
+        (_BasePolicy, "_canonical_bytes", ("self",)),
+        (_BasePolicy, "_compute_policy_digest", ("self",)),
+        (_BasePolicy, "freeze", ("self",)),
+        (_BasePolicy, "check", ("self", "tool_name", "agent", "dt")),
+    ]
+    for owner, name, parameters in hooks:
+        hook = getattr(owner, name, None)
+        if not callable(hook):
+            raise _unsupported(found, f"has no {owner.__name__}.{name}")
+        if parameters and tuple(inspect.signature(hook).parameters)[: len(parameters)] != parameters:
+            raise _unsupported(found, f"has a different {owner.__name__}.{name} signature")
+    if "effect_guard" in {f.name for f in dataclasses.fields(_BasePolicy)}:
+        raise _unsupported(found, "already has SecurityPolicy.effect_guard")
+    if importlib.util.find_spec("agent_airlock.effect_guard") is not None:
+        raise _unsupported(found, "ships its own agent_airlock.effect_guard")
+
+
+_check_agent_airlock()
+
+from .approval import ApprovalRequest, Approver, approve, approve_blocking  # noqa: E402
+from .context import current_idempotency_key  # noqa: E402
+from .core.canonical import ArgumentBinder  # noqa: E402
+from .core.codec import return_annotation  # noqa: E402
+from .core.errors import CanonicalizationError, EffectRefused, ToolCallIdRequired  # noqa: E402
+from .core.gates import GuardedCall, Plan, plan  # noqa: E402
+from .core.outcome import settlement_for_error  # noqa: E402
+from .core.reversibility import reversibility_of  # noqa: E402
+from .guard import EffectGuard  # noqa: E402
+
+__all__ = ["SUPPORTED_AGENT_AIRLOCK", "Airlock", "SecurityPolicy"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+log = logging.getLogger("airlock_redis")
+
+_GUARDED_SANDBOX = (
+    "sandbox=True cannot be combined with an effect_guard: agent-airlock's sandbox reports a tool's "
+    "error only as text and a lost sandbox result like a sandbox that never started, so the guard "
+    "could not tell an effect in doubt from one that never happened. Run the tool without "
+    "sandbox=True, or under a policy without effect_guard."
+)
+
+
+# -- per-call state shared between the gates and the guard ---------------------------------------
+@dataclass
+class _CallState:
+    """Written at agent_airlock's policy step, read by the guard below it."""
+
+    tool: str
+    policy: _BasePolicy | None
+    escalation: PolicyEscalation | None = None
+    ambient_agent: str | None = None
+    ambient_id: Any = None
+    checking: bool = False  # True while agent_airlock's policy step runs
+
+
+@dataclass
+class _Note:
+    """What the guard tells agent_airlock's audit writer and return_dict about this call."""
+
+    audit: dict[str, Any] | None = None
+    refused: bool = False
+
+
+_STATE: contextvars.ContextVar[_CallState | None] = contextvars.ContextVar(
+    "airlock_redis_airlock_call", default=None
+)
+_NOTE: contextvars.ContextVar[_Note | None] = contextvars.ContextVar(
+    "airlock_redis_airlock_note", default=None
+)
+
+
+def _guard_of(policy: Any) -> EffectGuard | None:
+    guard = getattr(policy, "effect_guard", None)
+    return guard if isinstance(guard, EffectGuard) else None
+
+
+class _ReasonCode(str):
+    """A block_reason outside agent_airlock's closed BlockReason enum (only ``.value`` is read)."""
+
+    @property
+    def value(self) -> str:
+        return str(self)
+
+
+# -- the policy -----------------------------------------------------------------------------------
+@dataclass
+class SecurityPolicy(_BasePolicy):
+    """agent_airlock's SecurityPolicy with an ``effect_guard`` field.
+
+    Only :class:`Airlock` from this package applies the guard. A call under ``agent_airlock.Airlock``
+    (or a framework integration that builds it) is refused rather than run without the guard.
+    """
+
+    effect_guard: EffectGuard | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.effect_guard is not None and not isinstance(self.effect_guard, EffectGuard):
+            raise TypeError(f"effect_guard must be an airlock_redis.EffectGuard, not {self.effect_guard!r}")
+
+    def check(self, tool_name: str, agent: Any = None, dt: datetime | None = None) -> None:
+        if self.effect_guard is not None:
+            state = _STATE.get()
+            if state is None or state.tool != tool_name or not state.checking:
+                log.error(
+                    "airlock_redis: %r has an effect_guard but is checked outside airlock_redis.Airlock; "
+                    "the call is refused",
+                    tool_name,
+                )
+                raise PolicyViolation(
+                    f"Tool '{tool_name}' is under a policy with an effect_guard but was not decorated "
+                    "with airlock_redis.Airlock, so it cannot run at most once. Import Airlock from "
+                    "airlock_redis instead of agent_airlock.",
+                    violation_type="effect_guard_unsupported",
+                    details={"tool": tool_name},
+                )
+        super().check(tool_name, agent=agent, dt=dt)
+
+    def freeze(self) -> SecurityPolicy:
+        """A frozen copy that keeps this class and the guard (shared, not copied)."""
+        kwargs: dict[str, Any] = {}
+        for spec in dataclasses.fields(self):
+            if spec.name.startswith("_"):
+                continue
+            value = getattr(self, spec.name)
+            kwargs[spec.name] = copy.deepcopy(value) if isinstance(value, dict | list | set) else value
+        frozen = type(self)(**kwargs)
+        frozen._frozen_digest = frozen._compute_policy_digest()
+        return frozen
+
+    def _canonical_bytes(self) -> bytes:
+        guard = self.effect_guard
+        described: dict[str, Any] | None = None
+        if guard is not None:
+            described = {
+                "store": type(guard.store).__qualname__,
+                "require_tool_call_id": guard.require_tool_call_id,
+                "require_approval_for_irreversible": guard.require_approval_for_irreversible,
+                "target_args": list(guard.target_args),
+                "ambiguous_errors": sorted(
+                    f"{e.__module__}.{e.__qualname__}" for e in guard.ambiguous_errors
+                ),
+                "has_approver": guard.approver is not None,
+                "max_result_bytes": guard.max_result_bytes,
+            }
+        extra = json.dumps({"effect_guard": described}, sort_keys=True, separators=(",", ":"))
+        return super()._canonical_bytes() + b"\x00" + extra.encode("utf-8")
+
+
+# -- approvals ------------------------------------------------------------------------------------
+def _oversight_approver(policy: _BasePolicy, escalation: PolicyEscalation | None) -> Approver | None:
+    """Adapt the policy's agent_airlock approver (OversightRequest -> OversightResponse, sync or
+    async) to the guard's ApprovalRequest -> bool. None when the policy has no approver."""
+    approver = policy.approver
+    if approver is None:
+        return None
+    ask_policy: Callable[[OversightRequest], Any] = approver
+
+    def ask(request: ApprovalRequest) -> bool | Awaitable[bool]:
+        why = request.why
+        details: dict[str, Any] = {}
+        if escalation is not None:
+            details = {"escalation_reason": escalation.reason, "escalation_rule": escalation.rule}
+            if escalation.reason not in why:
+                why = f"{why}; escalate_tools rule {escalation.rule!r}: {escalation.reason}"
+        oversight = OversightRequest(
+            request_id=str(uuid.uuid4()),
+            tool_name=request.tool,
+            args={
+                "why": why,
+                "idempotency_key": request.idempotency_key,
+                "tool_call_id": request.tool_call_id,
+                "reversibility": request.reversibility.value,
+                "arguments": dict(request.arguments),
+                **details,
+            },
+            channel=policy.escalation_channel,
+            timeout_seconds=float(policy.escalation_timeout_seconds),
+            requested_at=datetime.now(timezone.utc).isoformat(),
+        )
+        answer = ask_policy(oversight)
+        if inspect.isawaitable(answer):
+            pending = answer
+
+            async def finish() -> bool:
+                return _granted(await pending, oversight)
+
+            return finish()
+        return _granted(answer, oversight)
+
+    return ask
+
+
+def _granted(answer: Any, request: OversightRequest) -> bool:
+    if not isinstance(answer, OversightResponse):
+        raise TypeError(f"the approver returned {type(answer).__name__}, not an OversightResponse")
+    if answer.request_id != request.request_id:
+        raise ValueError("the approver answered another request (request_id does not match)")
+    return answer.verdict == OversightVerdict.GRANT
+
+
+def _escalation_request(call: GuardedCall, planned: Plan, escalation: PolicyEscalation) -> ApprovalRequest:
+    return ApprovalRequest(
+        tool=call.tool,
+        tool_call_id=planned.tool_call_id,
+        idempotency_key=planned.idempotency_key,
+        arguments=call.arguments,
+        reversibility=call.reversibility,
+        why=f"escalate_tools rule {escalation.rule!r}: {escalation.reason}",
+    )
+
+
+# -- the decorator --------------------------------------------------------------------------------
+class Airlock(_BaseAirlock):
+    """agent_airlock's ``@Airlock`` that applies the policy's ``effect_guard`` to each call."""
+
+    _airlock_redis_return_dict: bool
+
+    @property
+    def return_dict(self) -> bool:
+        # agent_airlock reads this after the tool returned: a guard refusal is already a
+        # blocked response and must not be wrapped as a success.
+        note = _NOTE.get()
+        if note is not None and note.refused:
+            note.refused = False
+            return False
+        return self._airlock_redis_return_dict
+
+    @return_dict.setter
+    def return_dict(self, value: bool) -> None:
+        self._airlock_redis_return_dict = bool(value)
+
+    # agent_airlock's hooks ------------------------------------------------------------------------
+    def _decorator(self, func: Callable[P, R]) -> Callable[P, R | dict[str, Any]]:
+        if self.sandbox and _guard_of(self.policy) is not None:
+            raise TypeError(f"@Airlock on {getattr(func, '__name__', func)!r}: {_GUARDED_SANDBOX}")
+        _install_audit_hook(self)
+        outer: list[Callable[..., Any]] = []
+        wrapped = super()._decorator(self._guarded(func, outer))
+        outer.append(wrapped)
+        return wrapped
+
+    def _resolve_and_check_policy(
+        self, func_name: str, context: AirlockContext[Any], run_context: AirlockContext[Any] | None = None
+    ) -> tuple[_BasePolicy | None, AirlockResponse | None]:
+        ambient = get_current_context()
+        state = _CallState(
+            tool=func_name,
+            policy=None,
+            ambient_agent=ambient.agent_id if ambient is not None else None,
+            ambient_id=ambient.metadata.get("tool_call_id") if ambient is not None else None,
+        )
+        _STATE.set(state)
+        state.checking = True
+        try:
+            resolved, refusal = super()._resolve_and_check_policy(func_name, context, run_context=run_context)
+        finally:
+            state.checking = False
+        state.policy = resolved
+        if refusal is None and self.sandbox and _guard_of(resolved) is not None:
+            refusal = AirlockResponse.blocked_response(
+                reason=BlockReason.SANDBOX_ERROR,
+                error=f"AIRLOCK_BLOCK: '{func_name}' {_GUARDED_SANDBOX}",
+                fix_hints=["Nothing ran. Ask the operator to remove sandbox=True or the effect_guard."],
+                metadata={"function": func_name},
+            )
+        return resolved, refusal
+
+    def _resolve_escalation(
+        self, policy: _BasePolicy, func_name: str, escalation: PolicyEscalation
+    ) -> AirlockResponse | None:
+        state = _STATE.get()
+        if _guard_of(policy) is None or policy.approver is None or state is None or state.tool != func_name:
+            return super()._resolve_escalation(policy, func_name, escalation)
+        # Asked by the guard once the arguments are validated, so the approver sees the
+        # idempotency key (and an async approver works).
+        state.escalation = escalation
+        return None
+
+    # the guard ------------------------------------------------------------------------------------
+    def _guarded(self, func: Callable[..., Any], outer: list[Callable[..., Any]]) -> Callable[..., Any]:
+        """The wrapper agent_airlock treats as the tool: it runs after every gate and validation."""
+        tool = _Tool(func, outer)
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def guarded_async(*args: Any, **kwargs: Any) -> Any:
+                state = _take_state(tool.name)
+                guard = _guard_of(state.policy) if state is not None else None
+                if guard is None or state is None:
+                    return await func(*args, **kwargs)
+                started, ran = time.time(), [False]
+
+                async def invoke() -> Any:
+                    ran[0] = True
+                    _expose_key()
+                    return await func(*args, **kwargs)
+
+                try:
+                    call, planned, approver = tool.prepare(guard, state, args, kwargs)
+                    if state.escalation is not None and planned.approval_why is None:
+                        await approve(approver, _escalation_request(call, planned, state.escalation))
+                    done = await guard.aexecute(call, invoke, approver=approver, annotation=tool.returns)
+                except Exception as error:
+                    return self._failed(tool.name, guard, state, error, ran=ran[0], started=started)
+                except BaseException as error:
+                    _note_error(guard, error)
+                    raise
+                _NOTE.set(_Note(audit={"effect": done.effect}))
+                return done.value
+
+            return guarded_async
+
+        @functools.wraps(func)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            state = _take_state(tool.name)
+            guard = _guard_of(state.policy) if state is not None else None
+            if guard is None or state is None:
+                return func(*args, **kwargs)
+            started, ran = time.time(), [False]
+
+            def invoke() -> Any:
+                ran[0] = True
+                _expose_key()
+                return func(*args, **kwargs)
+
+            try:
+                call, planned, approver = tool.prepare(guard, state, args, kwargs)
+                if state.escalation is not None and planned.approval_why is None:
+                    approve_blocking(approver, _escalation_request(call, planned, state.escalation))
+                done = guard.execute(call, invoke, approver=approver, annotation=tool.returns)
+            except Exception as error:
+                return self._failed(tool.name, guard, state, error, ran=ran[0], started=started)
+            except BaseException as error:
+                _note_error(guard, error)
+                raise
+            _NOTE.set(_Note(audit={"effect": done.effect}))
+            return done.value
+
+        return guarded
+
+    def _failed(
+        self, tool: str, guard: EffectGuard, state: _CallState, error: Exception, *, ran: bool, started: float
+    ) -> dict[str, Any]:
+        """A guard refusal becomes a blocked response; a tool's own error goes on to agent_airlock."""
+        if isinstance(error, EffectRefused) and not ran:
+            return self._refused(tool, _explained(error, state), started)
+        if isinstance(error, CanonicalizationError) and not ran:
+            return self._block(
+                tool,
+                BlockReason.VALIDATION_ERROR.value,
+                f"'{tool}' cannot be guarded: {error}",
+                "Nothing ran. Call the tool with plain-data arguments.",
+                metadata={},
+                started=started,
+            )
+        _note_error(guard, error)
+        raise error
+
+    # refusals -------------------------------------------------------------------------------------
+    def _block(
+        self, tool: str, reason: str, error: str, hint: str, *, metadata: dict[str, Any], started: float
+    ) -> dict[str, Any]:
+        response = AirlockResponse.blocked_response(
+            reason=cast(BlockReason, _ReasonCode(reason)),
+            error=f"AIRLOCK_BLOCK: {error}",
+            fix_hints=[hint],
+            metadata={"function": tool, **metadata},
+        )
+        self._log_blocked(tool, response, started)
+        self._safe_invoke_callback(
+            self.config.on_blocked, "on_blocked", tool, error, {"violation_type": reason}
+        )
+        _NOTE.set(
+            _Note(
+                audit={
+                    "blocked": True,
+                    "block_reason": reason,
+                    "error": response.error,
+                    "result_preview": "BLOCKED",
+                    "effect": "refused",
+                },
+                refused=True,
+            )
+        )
+        return response.to_dict()
+
+    def _refused(self, tool: str, refusal: EffectRefused, started: float) -> dict[str, Any]:
+        metadata = {"tool_call_id": refusal.tool_call_id, "idempotency_key": refusal.idempotency_key}
+        hint = refusal.fix_hint or "Do not retry this call."
+        kept = {k: v for k, v in metadata.items() if v}
+        return self._block(tool, refusal.reason, refusal.message, hint, metadata=kept, started=started)
+
+
+class _Tool:
+    """What the guard needs to know about one decorated tool, read once."""
+
+    def __init__(self, func: Callable[..., Any], outer: list[Callable[..., Any]]) -> None:
+        self.func = func
+        self.name: str = getattr(func, "__name__", type(func).__name__)
+        self.outer = outer  # agent_airlock's wrapper, once built: @reversibility may sit on it
+        self.binder = ArgumentBinder(func)
+        self._annotation: list[Any] = []
+
+    def returns(self) -> Any:
+        if not self._annotation:
+            self._annotation.append(return_annotation(self.func))
+        return self._annotation[0]
+
+    def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardedCall:
+        context = get_current_context()
+        arguments, passed = self.binder.bind(args, kwargs)
+        carrier = context.user_context if context is not None else None
+        # The run wrapper agent_airlock reads the context from is the host's, not an argument.
+        skipped = {
+            name
+            for name, value in arguments.items()
+            if isinstance(value, AirlockContext) or (carrier is not None and value is carrier)
+        }
+        metadata: Mapping[str, Any] = context.metadata if context is not None else {}
+        return GuardedCall(
+            tool=self.name,
+            raw_tool_call_id=metadata.get("tool_call_id"),  # never a tool argument
+            arguments={k: v for k, v in arguments.items() if k not in skipped},
+            reversibility=reversibility_of(self.outer[0] if self.outer else self.func),
+            passed=frozenset(passed - skipped),
+        )
+
+    def prepare(
+        self, guard: EffectGuard, state: _CallState, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[GuardedCall, Plan, Approver | None]:
+        call = self.describe(args, kwargs)
+        approver = _oversight_approver(state.policy, state.escalation) if state.policy is not None else None
+        return call, plan(call, guard.options), approver
+
+
+def _expose_key() -> None:
+    context = get_current_context()
+    if context is not None:
+        context.idempotency_key = current_idempotency_key()  # type: ignore[attr-defined]
+
+
+def _take_state(tool: str) -> _CallState | None:
+    state = _STATE.get()
+    _STATE.set(None)
+    _NOTE.set(None)
+    return state if state is not None and state.tool == tool else None
+
+
+def _note_error(guard: EffectGuard, error: BaseException) -> None:
+    settlement = settlement_for_error(error, guard.ambiguous_errors)
+    _NOTE.set(_Note(audit={"effect": "unknown" if settlement.value == "unknown" else "released"}))
+
+
+def _explained(refusal: EffectRefused, state: _CallState) -> EffectRefused:
+    """Say why the id is missing when an ambient context carried one for another agent."""
+    if not isinstance(refusal, ToolCallIdRequired) or state.ambient_id is None:
+        return refusal
+    context = get_current_context()
+    agent = context.agent_id if context is not None else None
+    if state.ambient_agent and agent and state.ambient_agent != agent:
+        why = (
+            f"it names agent {state.ambient_agent!r} and this call runs as agent {agent!r}, so agent_airlock "
+            "does not pass its metadata on"
+        )
+    else:
+        why = "agent_airlock took this call's metadata from the run wrapper's own context instead"
+    message = f"{refusal.message} The AirlockContext around the call carries a tool_call_id, but {why}."
+    return ToolCallIdRequired(
+        message, tool=refusal.tool, tool_call_id=None, idempotency_key=None, fix_hint=refusal.fix_hint
+    )
+
+
+# -- the audit log --------------------------------------------------------------------------------
+def _install_audit_hook(airlock: _BaseAirlock) -> None:
+    """Let the guard add fields (``effect``, and ``blocked`` for its refusals) to the one JSON line
+    agent_airlock writes for the call. Lines of calls the guard did not see are unchanged."""
+    config = airlock.config
+    audit = AuditLogger(config.audit_log_path if config.enable_audit_log else None, config.enable_audit_log)
+    if not audit.enabled or getattr(audit, "_airlock_redis_hooked", False):
+        return
+    original: Callable[[AuditRecord], None] = audit._write_record
+
+    def write_record(record: AuditRecord) -> None:
+        note = _NOTE.get()
+        extra = note.audit if note is not None else None
+        if extra is None or audit.path is None:
+            original(record)
+            return
+        note.audit = None  # type: ignore[union-attr]
+        line = {**record.to_dict(), **extra}
+        try:
+            with audit._file_lock, open(audit.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line, default=str, ensure_ascii=False) + "\n")
+        except OSError as exc:
+            log.error("airlock_redis: audit log write failed (%s): %s", audit.path, exc)
+
+    audit._write_record = write_record  # type: ignore[method-assign]
+    audit._airlock_redis_hooked = True  # type: ignore[attr-defined]

@@ -1,0 +1,107 @@
+"""``airlock-redis bench``: load a Redis with guarded calls from several processes and report.
+
+The run fails (exit 1) if any call of a tool that may not run again ran twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..loadgen.plot import PlotUnavailable, write_plot
+from ..loadgen.progress import ProgressBar
+from ..loadgen.workers import CLUSTER_SCHEME, BenchConfig, run_bench
+from .common import add_target_arguments, embedded_or_given
+
+HELP = "load-test the guard against a Redis (embedded by default) and report throughput and latency"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser, embedded_default=True)
+    parser.set_defaults(namespace="airlock:bench")
+    parser.add_argument("--cluster", action="store_true", help="the --url is a redis+cluster:// URL")
+    parser.add_argument(
+        "--processes", type=int, default=min(4, os.cpu_count() or 1), help="worker processes (spawned)"
+    )
+    parser.add_argument("--concurrency", type=int, default=8, help="concurrent calls (threads) per process")
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--duration", type=float, default=None, help="seconds to run (default 6)")
+    bound.add_argument("--calls", type=int, default=None, help="total guarded calls to make")
+    parser.add_argument(
+        "--duplicate-rate", type=float, default=0.1, help="share of calls that retry an earlier tool_call_id"
+    )
+    parser.add_argument("--value-bytes", type=int, default=256, help="size of the payload each tool returns")
+    parser.add_argument("--json", metavar="FILE", default=None, help="write every figure as JSON")
+    parser.add_argument("--plot", metavar="FILE.png", default=None, help="write latency and throughput plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.cluster and not (args.url or "").startswith(CLUSTER_SCHEME):
+        print(f"--cluster needs --url {CLUSTER_SCHEME}host:port", file=sys.stderr)
+        return 2
+    try:
+        config = BenchConfig(
+            url="",
+            cluster=args.cluster,
+            processes=args.processes,
+            concurrency=args.concurrency,
+            duration=None if args.calls is not None else (args.duration or 6.0),
+            calls=args.calls,
+            duplicate_rate=args.duplicate_rate,
+            value_bytes=args.value_bytes,
+            namespace=args.namespace,
+        )
+    except ValueError as exc:
+        print(f"airlock-redis bench: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("--plot needs matplotlib: pip install 'airlock-redis[plot]'", file=sys.stderr)
+            return 2
+    with embedded_or_given(args.url) as target:
+        config = BenchConfig(**{**config.__dict__, "url": target.url})
+        bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
+        print(
+            f"Redis: {target.description}\n"
+            f"{config.processes} processes x {config.concurrency} threads, {bound}, "
+            f"duplicate rate {config.duplicate_rate}, {config.value_bytes} B values",
+            file=sys.stderr,
+        )
+        bar = None if args.quiet else ProgressBar(sys.stderr)
+        try:
+            summary = run_bench(config, target.description, bar.update if bar else None)
+        except RuntimeError as exc:
+            if bar:
+                bar.close()
+            print(f"airlock-redis bench: {exc}", file=sys.stderr)
+            return 2
+        if bar:
+            bar.update(1.0, f"{summary.report.calls} calls  {summary.elapsed_s:.1f} s")
+            bar.close()
+    print(summary.table())
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
+        print(f"figures written to {args.json}")
+    if args.plot:
+        try:
+            write_plot(summary, args.plot)
+        except PlotUnavailable as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}")
+    if summary.failed:
+        print(
+            f"FAILURE: {summary.duplicate_executions} duplicate execution(s) of calls that may run only once",
+            file=sys.stderr,
+        )
+        return 1
+    if summary.report.errors:
+        print("the run finished with errors (see the table)", file=sys.stderr)
+        return 1
+    return 0

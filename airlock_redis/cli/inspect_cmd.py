@@ -1,0 +1,76 @@
+"""``airlock-redis inspect <tool_call_id>``: one record, as an operator needs to see it.
+
+Exit codes: 0 shown, 1 no such record, 5 Redis could not be reached or refused the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..core.errors import StoreError
+from ..operator import RecordView, format_duration, read_record, redact
+from .common import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
+
+HELP = "show one tool call's record: status, tool, idempotency key, attempt, ages, TTL, value preview"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tool_call_id", help="the tool call id, as the host passed it")
+    add_target_arguments(parser, embedded_default=False)
+    parser.add_argument("--json", action="store_true", help="print the record as JSON")
+    parser.add_argument(
+        "--preview-chars",
+        type=int,
+        default=200,
+        metavar="N",
+        help="shorten the value preview to N characters",
+    )
+    parser.epilog = "exit codes: 0 shown, 1 no such record, 5 Redis error"
+
+
+def render(view: RecordView, preview_chars: int) -> str:
+    lines = [
+        f"tool_call_id     {view.tool_call_id!r}",
+        f"status           {view.status or '-'}",
+        f"tool             {view.tool or '-'}",
+        f"idempotency key  {view.idempotency_key or '-'}",
+        f"attempt          {view.attempt if view.attempt is not None else '-'}",
+        f"owner            {view.owner or '-'}",
+        f"age              {format_duration(view.age_ms())} (since the attempt began)",
+    ]
+    if view.committed_ms is not None and view.begun_ms is not None:
+        lines.append(f"committed after  {format_duration(max(0, view.committed_ms - view.begun_ms))}")
+    lines.append(f"expires in       {format_duration(view.ttl_ms) if view.ttl_ms is not None else 'never'}")
+    if view.status == "committed":
+        if view.stored:
+            size = f"{view.value_bytes} bytes" if view.value_bytes is not None else "?"
+            signed = "signed" if view.has_mac else "not signed"
+            lines.append(f"value            {size}, {signed}")
+            lines.append(f"value preview    {view.preview(preview_chars)}")
+        else:
+            lines.append("value            not stored (replays are refused: result_not_stored)")
+    for problem in view.problems:
+        lines.append(f"PROBLEM          {problem} (the guard refuses this record: record_corrupt)")
+    return redact("\n".join(lines))
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        try:
+            view = read_record(store.client, store.namespace, args.tool_call_id)
+        except StoreError as exc:
+            print(f"error: {redact(str(exc))}", file=sys.stderr)
+            return EXIT_STORE_ERROR
+    if view is None:
+        print(
+            f"no record for tool_call_id {args.tool_call_id!r} in namespace {args.namespace!r}",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_FOUND
+    if args.json:
+        print(redact(json.dumps(view.as_dict(preview_chars=args.preview_chars), sort_keys=True)))
+    else:
+        print(render(view, args.preview_chars))
+    return EXIT_OK

@@ -1,0 +1,104 @@
+"""``airlock-redis list``: records of a namespace, filtered, with SCAN (never KEYS), a page at a time.
+
+On a Redis Cluster every primary is scanned. At most ``--limit`` records are printed and at most
+``--max-scan`` keys examined per run; when the keyspace was not covered, the output ends with the
+cursor to pass as ``--cursor`` for the next page.
+
+Exit codes: 0 listed (possibly nothing), 5 Redis could not be reached or refused the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from ..core.errors import StoreError
+from ..operator import ListFilter, format_duration, list_records, parse_duration, redact
+from .common import EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
+
+HELP = "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than"
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be a positive integer")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser, embedded_default=False)
+    parser.add_argument("--status", choices=("pending", "unknown", "committed"), help="only this status")
+    parser.add_argument("--tool", help="only records of this tool")
+    parser.add_argument(
+        "--older-than",
+        type=_duration,
+        metavar="AGE",
+        help="only records begun longer ago than AGE (10m, 2h, 1d)",
+    )
+    parser.add_argument("--limit", type=_positive, default=50, help="print at most N records (default 50)")
+    parser.add_argument("--cursor", default=None, help="continue from the cursor a previous page printed")
+    parser.add_argument(
+        "--scan-count", type=_positive, default=500, help="COUNT hint of each SCAN (default 500)"
+    )
+    parser.add_argument(
+        "--max-scan",
+        type=_positive,
+        default=100_000,
+        help="examine at most about N keys per run (default 100000)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (records, scanned, next_cursor)")
+    parser.epilog = "exit codes: 0 listed, 2 bad arguments, 5 Redis error"
+
+
+def run(args: argparse.Namespace) -> int:
+    where = ListFilter(status=args.status, tool=args.tool, older_than_s=args.older_than)
+    with open_store(args) as store:
+        try:
+            page = list_records(
+                store.client,
+                store.namespace,
+                where=where,
+                limit=args.limit,
+                scan_count=args.scan_count,
+                max_scanned=args.max_scan,
+                cursor=args.cursor,
+            )
+        except (StoreError, ValueError) as exc:
+            print(f"error: {redact(str(exc))}", file=sys.stderr)
+            return EXIT_STORE_ERROR
+    records = page.records
+    if args.json:
+        out = {
+            "records": [r.as_dict(preview_chars=None) for r in records],
+            "scanned": page.scanned,
+            "next_cursor": page.next_cursor,
+        }
+        print(redact(json.dumps(out, sort_keys=True)))
+        return EXIT_OK
+    header = f"{'STATUS':<10} {'TOOL':<20} {'ATTEMPT':>7} {'AGE':>8} {'TTL':>8}  TOOL_CALL_ID"
+    print(header)
+    for r in records:
+        status = r.status or "?"
+        if r.problems:
+            status += "!"
+        attempt = str(r.attempt) if r.attempt is not None else "-"
+        print(
+            redact(
+                f"{status:<10} {(r.tool or '-')[:20]:<20} {attempt:>7} {format_duration(r.age_ms()):>8} "
+                f"{format_duration(r.ttl_ms):>8}  {r.tool_call_id!r}"
+            )
+        )
+    summary = f"{len(records)} record(s), {page.scanned} key(s) examined"
+    if page.next_cursor is not None:
+        summary += f"; more may follow: --cursor {page.next_cursor}"
+    print(summary, file=sys.stderr)
+    return EXIT_OK

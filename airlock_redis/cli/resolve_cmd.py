@@ -1,0 +1,219 @@
+"""``airlock-redis resolve <tool_call_id> --committed [--value JSON] | --release | --unknown``.
+
+The operator's verdict on a call whose outcome was in doubt, after asking the backend about its
+idempotency key. It shows the record, asks for confirmation (unless ``--yes``), writes an audit line
+(JSON) to the audit log and to stderr, and changes the record atomically, and only if its
+idempotency key is still the one shown (or ``--expect-key``).
+
+Exit codes: 0 resolved; 1 no such record; 2 bad arguments; 3 refused, the record's idempotency key
+is not --expect-key; 4 not confirmed; 5 Redis error; 6 the audit log cannot be written (nothing done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..core.codec import encode_result
+from ..core.errors import ResultEncodingError, StoreError
+from ..core.records import TransitionResult
+from ..core.signing import Signer
+from ..guard import EffectGuard
+from ..operator import AUDIT_LOG_ENV, AuditLog, audit_log_path, digest, read_record, redact
+from .common import (
+    EXIT_AUDIT_FAILED,
+    EXIT_NOT_CONFIRMED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_STORE_ERROR,
+    EXIT_USAGE,
+    add_target_arguments,
+    open_store,
+    operator_url,
+)
+from .inspect_cmd import render
+
+HELP = "record the verdict on a call in doubt: --committed [--value JSON] | --release | --unknown"
+
+_NO_VALUE: Any = object()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tool_call_id", help="the tool call id, as the host passed it")
+    add_target_arguments(parser, embedded_default=False)
+    verdict = parser.add_mutually_exclusive_group(required=True)
+    verdict.add_argument(
+        "--committed",
+        dest="verdict",
+        action="store_const",
+        const="committed",
+        help="the effect took place (replays get --value, or are refused as result_not_stored without one)",
+    )
+    verdict.add_argument(
+        "--release",
+        dest="verdict",
+        action="store_const",
+        const="release",
+        help="the effect did not take place: delete the record so the call may run again",
+    )
+    verdict.add_argument(
+        "--unknown",
+        dest="verdict",
+        action="store_const",
+        const="unknown",
+        help="still in doubt: keep refusing retries",
+    )
+    parser.add_argument("--value", help="with --committed: the result replays return, as JSON")
+    parser.add_argument("--expect-key", help="refuse unless the record's idempotency key is this one")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    parser.add_argument(
+        "--audit-log",
+        default=None,
+        help=f"JSON-lines audit file (default: ${AUDIT_LOG_ENV}, else ./airlock-redis-audit.jsonl)",
+    )
+    parser.add_argument(
+        "--signing-key-env",
+        metavar="NAME",
+        help="sign the --value with the key in this environment variable (the guards' signing_key)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.epilog = (
+        "exit codes: 0 resolved, 1 no such record, 2 bad arguments, 3 idempotency key differs from "
+        "--expect-key, 4 not confirmed, 5 Redis error, 6 audit log not writable"
+    )  # fmt: skip
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"error: {redact(message)}", file=sys.stderr)
+    return code
+
+
+def _confirm(prompt: str) -> bool | None:
+    """True/False from the operator's answer on stdin; None when stdin gives no answer."""
+    stdin = sys.stdin
+    if stdin is None or stdin.closed:
+        return None
+    print(prompt, end="", file=sys.stderr, flush=True)
+    try:
+        answer = stdin.readline()
+    except (OSError, ValueError):
+        return None
+    if not answer:
+        return None
+    return answer.strip().lower() in ("y", "yes")
+
+
+def _inputs(args: argparse.Namespace) -> tuple[Any, str | None] | int:
+    """The --value (parsed) and the signing key, or an exit code when they are not usable."""
+    value: Any = _NO_VALUE
+    if args.value is not None:
+        if args.verdict != "committed":
+            return _fail(EXIT_USAGE, "--value goes with --committed only")
+        try:
+            value = json.loads(args.value)
+        except json.JSONDecodeError as exc:
+            return _fail(EXIT_USAGE, f"--value is not valid JSON: {exc}")
+        try:
+            encode_result(value)
+        except ResultEncodingError as exc:
+            return _fail(EXIT_USAGE, f"--value cannot be stored: {exc}")
+    signing_key: str | None = None
+    if args.signing_key_env:
+        signing_key = os.environ.get(args.signing_key_env)
+        if not signing_key:
+            return _fail(EXIT_USAGE, f"the environment variable {args.signing_key_env} holds no signing key")
+        try:
+            Signer(signing_key)
+        except ValueError as exc:
+            return _fail(EXIT_USAGE, f"{args.signing_key_env}: {exc}")
+    return value, signing_key
+
+
+def run(args: argparse.Namespace) -> int:
+    inputs = _inputs(args)
+    if isinstance(inputs, int):
+        return inputs
+    value, signing_key = inputs
+    with open_store(args) as store:
+        try:
+            view = read_record(store.client, store.namespace, args.tool_call_id)
+        except StoreError as exc:
+            return _fail(EXIT_STORE_ERROR, str(exc))
+        if view is None:
+            return _fail(
+                EXIT_NOT_FOUND, f"no record for tool_call_id {args.tool_call_id!r} in {args.namespace!r}"
+            )
+        if args.expect_key is not None and view.idempotency_key != args.expect_key:
+            return _fail(
+                EXIT_REFUSED,
+                f"refused: the record's idempotency key is {view.idempotency_key}, not --expect-key "
+                f"{args.expect_key}; nothing was changed",
+            )
+        print(render(view, 200), file=sys.stderr)
+        if args.verdict == "committed" and value is _NO_VALUE:
+            print(
+                "note: no --value: replays of this call will be refused (result_not_stored)", file=sys.stderr
+            )
+        if not args.yes:
+            answer = _confirm(f"resolve {args.tool_call_id!r} as {args.verdict}? [y/N] ")
+            if answer is None:
+                return _fail(
+                    EXIT_NOT_CONFIRMED,
+                    "not confirmed: no answer on stdin (not interactive); "
+                    "pass --yes to resolve without asking",
+                )
+            if not answer:
+                return _fail(EXIT_NOT_CONFIRMED, "not confirmed: nothing was changed")
+        try:
+            audit = AuditLog(audit_log_path(args.audit_log))
+        except OSError as exc:
+            return _fail(EXIT_AUDIT_FAILED, f"cannot write the audit log, so nothing was done: {exc}")
+        with audit:
+            guard = EffectGuard(store, signing_key=signing_key)
+            expect = view.idempotency_key if view.idempotency_key else args.expect_key
+            entry: dict[str, Any] = {
+                "action": "resolve",
+                "tool_call_id": args.tool_call_id,
+                "verdict": args.verdict,
+                "namespace": store.namespace,
+                "url": redact(operator_url(args)),
+                "expect_key": expect,
+                "before": {
+                    "status": view.status,
+                    "tool": view.tool,
+                    "idempotency_key": view.idempotency_key,
+                    "attempt": view.attempt,
+                    "owner": view.owner,
+                    "problems": list(view.problems),
+                },
+                "value_sha256": digest(json.dumps(value, sort_keys=True).encode())
+                if value is not _NO_VALUE
+                else None,
+                "signed": bool(signing_key) and value is not _NO_VALUE,
+            }
+            try:
+                if value is _NO_VALUE:
+                    result = guard.resolve(args.tool_call_id, args.verdict, expect_key=expect)
+                else:
+                    result = guard.resolve(args.tool_call_id, args.verdict, expect_key=expect, value=value)
+            except StoreError as exc:
+                audit.write({**entry, "result": "error", "error": str(exc)})
+                return _fail(EXIT_STORE_ERROR, str(exc))
+            audit.write({**entry, "result": result.value})
+    if args.json:
+        print(
+            json.dumps({"tool_call_id": args.tool_call_id, "verdict": args.verdict, "result": result.value})
+        )
+    else:
+        print(f"{args.tool_call_id!r}: {args.verdict} -> {result.value}")
+    if result is TransitionResult.OK:
+        return EXIT_OK
+    if result is TransitionResult.MISSING:
+        return _fail(
+            EXIT_NOT_FOUND, "the record disappeared before it could be resolved (expired or released)"
+        )
+    return _fail(EXIT_REFUSED, "refused: the record was replaced by another call since it was shown")

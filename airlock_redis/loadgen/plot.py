@@ -1,0 +1,54 @@
+"""The PNG of a run: latency distribution and throughput over time (needs matplotlib)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .stats import BenchSummary
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def write_plot(summary: BenchSummary, path: str | Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlotUnavailable("--plot needs matplotlib: pip install 'airlock-redis[plot]'") from None
+
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    buckets = list(summary.report.histogram.buckets())
+    if buckets:
+        bounds = [bound / 1000 for bound, _ in buckets]
+        counts = [count for _, count in buckets]
+        left.step(bounds, counts, where="post", color="tab:blue")
+        left.set_xscale("log")
+        for name, style in (("p50_us", ":"), ("p95_us", "--"), ("p99_us", "-.")):
+            value = summary.latency()[name] / 1000
+            left.axvline(value, color="tab:red", linestyle=style, label=f"{name[:3]} {value:.2f} ms")
+        left.legend()
+    left.set_title("latency of a guarded call")
+    left.set_xlabel("ms (log scale)")
+    left.set_ylabel("calls per 1% bucket")
+
+    points = summary.throughput()
+    if points:
+        right.plot([t for t, _ in points], [rate for _, rate in points], color="tab:green")
+        right.axhline(summary.calls_per_s, color="grey", linestyle="--", label="mean")
+        right.legend()
+    right.set_title("throughput")
+    right.set_xlabel("seconds")
+    right.set_ylabel("guarded calls/s")
+    right.set_ylim(bottom=0)
+    config = summary.config
+    figure.suptitle(
+        f"airlock-redis bench: {config['processes']} processes x {config['concurrency']} threads, "
+        f"duplicate rate {config['duplicate_rate']}, {config['value_bytes']} B values"
+    )
+    figure.tight_layout()
+    figure.savefig(str(path), dpi=100)
+    plt.close(figure)

@@ -1,0 +1,159 @@
+"""What each worker counts, and the figures of a whole run (merged, with the verdict)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .histogram import Histogram
+
+TIMELINE_STEP = 0.1  # seconds per throughput bucket
+
+
+@dataclass
+class WorkerReport:
+    """The tallies of one thread, one process, or (merged) the whole run."""
+
+    calls: int = 0  # guarded calls made
+    executed: int = 0  # the tool body ran
+    replayed: int = 0  # the stored value came back; the body did not run
+    refusals: Counter[str] = field(default_factory=Counter)  # by reason
+    errors: Counter[str] = field(default_factory=Counter)  # by exception type (not refusals)
+    histogram: Histogram = field(default_factory=Histogram)
+    timeline: Counter[int] = field(default_factory=Counter)  # completions per TIMELINE_STEP (absolute)
+    ids: set[str] = field(default_factory=set)  # distinct tool_call_ids used
+    runs: Counter[str] = field(default_factory=Counter)  # real executions by tool_call_id
+    failure: str | None = None  # a worker that could not run says why
+
+    def merge(self, other: WorkerReport) -> None:
+        self.calls += other.calls
+        self.executed += other.executed
+        self.replayed += other.replayed
+        self.refusals.update(other.refusals)
+        self.errors.update(other.errors)
+        self.histogram.merge(other.histogram)
+        self.timeline.update(other.timeline)
+        self.ids |= other.ids
+        self.runs.update(other.runs)
+        if other.failure and not self.failure:
+            self.failure = other.failure
+
+
+@dataclass
+class BenchSummary:
+    """Every figure of a run. ``failed`` is True when a non-reversible call ran twice."""
+
+    config: dict[str, Any]
+    target: str
+    elapsed_s: float
+    report: WorkerReport
+    reversible_ids: set[str]
+    memory_per_record_bytes: float | None
+    memory_sampled_records: int
+    records: int
+
+    @property
+    def calls_per_s(self) -> float:
+        return self.report.calls / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def executions(self) -> int:
+        return sum(self.report.runs.values())
+
+    @property
+    def unique_calls(self) -> int:
+        return len(self.report.ids)
+
+    @property
+    def duplicate_executions(self) -> int:
+        """Extra executions of one tool_call_id of a tool that may not run again."""
+        return sum(n - 1 for i, n in self.report.runs.items() if n > 1 and i not in self.reversible_ids)
+
+    @property
+    def reversible_reruns(self) -> int:
+        """Extra executions of reversible tools: allowed by the spec (an in-doubt call runs again)."""
+        return sum(n - 1 for i, n in self.report.runs.items() if n > 1 and i in self.reversible_ids)
+
+    @property
+    def failed(self) -> bool:
+        return self.duplicate_executions > 0
+
+    def throughput(self) -> list[tuple[float, float]]:
+        """(seconds since the first completion, calls/s) for each timeline bucket."""
+        if not self.report.timeline:
+            return []
+        first, last = min(self.report.timeline), max(self.report.timeline)
+        return [
+            ((step - first) * TIMELINE_STEP, self.report.timeline.get(step, 0) / TIMELINE_STEP)
+            for step in range(first, last + 1)
+        ]
+
+    def latency(self) -> dict[str, float]:
+        h = self.report.histogram
+        return {
+            "p50_us": h.percentile_us(50),
+            "p95_us": h.percentile_us(95),
+            "p99_us": h.percentile_us(99),
+            "max_us": h.max_us,
+            "mean_us": h.mean_us,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "config": self.config,
+            "target": self.target,
+            "elapsed_s": self.elapsed_s,
+            "calls": r.calls,
+            "calls_per_s": self.calls_per_s,
+            "latency": self.latency(),
+            "executed": r.executed,
+            "replayed": r.replayed,
+            "refusals": dict(r.refusals),
+            "refused": sum(r.refusals.values()),
+            "errors": dict(r.errors),
+            "error_count": sum(r.errors.values()),
+            "unique_calls": self.unique_calls,
+            "executions": self.executions,
+            "duplicate_executions": self.duplicate_executions,
+            "reversible_reruns": self.reversible_reruns,
+            "records": self.records,
+            "memory_per_record_bytes": self.memory_per_record_bytes,
+            "memory_sampled_records": self.memory_sampled_records,
+            "histogram": r.histogram.to_json(),
+            "throughput": [[round(t, 3), rate] for t, rate in self.throughput()],
+            "verdict": "FAILURE: duplicate executions" if self.failed else "ok",
+        }
+
+    def table(self) -> str:
+        r = self.report
+        lat = self.latency()
+        refusals = ", ".join(f"{k} {v}" for k, v in sorted(r.refusals.items())) or "none"
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(r.errors.items())) or "none"
+        memory = (
+            f"{self.memory_per_record_bytes:.0f} B (MEMORY USAGE, {self.memory_sampled_records} sampled)"
+            if self.memory_per_record_bytes is not None
+            else "n/a"
+        )
+        dup = self.duplicate_executions
+        rows = [
+            ("guarded calls", f"{r.calls} in {self.elapsed_s:.2f} s"),
+            ("guarded calls/s", f"{self.calls_per_s:,.0f}"),
+            (
+                "latency p50/p95/p99/max",
+                f"{lat['p50_us'] / 1000:.2f} / {lat['p95_us'] / 1000:.2f} / "
+                f"{lat['p99_us'] / 1000:.2f} / {lat['max_us'] / 1000:.2f} ms",
+            ),
+            ("executed", str(r.executed)),
+            ("replays", str(r.replayed)),
+            ("refusals", f"{sum(r.refusals.values())} ({refusals})"),
+            ("executions vs unique calls", f"{self.executions} / {self.unique_calls}"),
+            ("duplicate executions", f"{dup}" + ("  FAILURE" if dup else "  (ok)")),
+            ("reversible re-runs (allowed)", str(self.reversible_reruns)),
+            ("records in Redis", str(self.records)),
+            ("Redis memory per record", memory),
+            ("errors", f"{sum(r.errors.values())} ({errors})"),
+        ]
+        width = max(len(name) for name, _ in rows)
+        return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

@@ -1,0 +1,380 @@
+"""What an operator needs around the records: read one, list many, resolve one with an audit line.
+
+Reading here is tolerant on purpose: a record that the guard refuses as corrupt (unknown status,
+missing fields, damaged value) is exactly the one an operator has to look at, so nothing in this
+module raises on odd content; it reports it in ``RecordView.problems``.
+
+Listing SCANs (with MATCH and COUNT, never KEYS) every primary of a Redis Cluster, or the one
+server otherwise, and stops after a bounded number of keys; a cursor lets the caller page on.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import hashlib
+import json
+import os
+import re
+import socket
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from .core.codec import decode_result
+from .core.errors import ResultDecodingError, StoreError
+from .core.records import Status
+from .stores.keys import record_key, record_pattern, slot_tag
+
+AUDIT_LOG_ENV = "AIRLOCK_REDIS_AUDIT_LOG"
+DEFAULT_AUDIT_LOG = "airlock-redis-audit.jsonl"
+_FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
+_STATUSES = {s.value for s in Status}
+_KEY_RE = re.compile(r"^(?P<ns>.*):\{(?P<tag>[0-9a-f]{16})\}:(?P<id>.*)$", re.DOTALL)
+
+# -- secrets never printed ---------------------------------------------------------------------------
+_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s]*)@")
+_QUERY_SECRET_RE = re.compile(r"(?P<name>[?&](?:password|passwd|pass|pwd|token|secret)=)[^&#\s]*", re.I)
+
+
+def redact(text: str) -> str:
+    """Hide credentials in any text: ``scheme://user:pass@host`` and ``?password=...`` in URLs."""
+    text = _USERINFO_RE.sub(lambda m: f"{m.group('scheme')}***@", text)
+    return _QUERY_SECRET_RE.sub(lambda m: f"{m.group('name')}***", text)
+
+
+# -- durations -----------------------------------------------------------------------------------
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"10m"`` -> 600.0 seconds. Units: ms, s (default), m, h, d."""
+    match = _DURATION_RE.match(text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (examples: 90s, 10m, 2h, 1d)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+
+
+def format_duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+# -- one record, as read raw -----------------------------------------------------------------------
+def _text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "replace")
+    return str(raw)
+
+
+def _int(raw: Any) -> int | None:
+    text = _text(raw)
+    if text is None or text == "":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class RecordView:
+    """A record as an operator sees it: every field optional, oddities listed in ``problems``."""
+
+    tool_call_id: str
+    status: str | None
+    tool: str | None
+    idempotency_key: str | None
+    owner: str | None
+    attempt: int | None
+    begun_ms: int | None
+    committed_ms: int | None
+    ttl_ms: int | None
+    stored: bool
+    has_mac: bool
+    value_bytes: int | None
+    value: bytes | None = field(default=None, repr=False)
+    problems: tuple[str, ...] = ()
+
+    def age_ms(self, now_ms: int | None = None) -> int | None:
+        if self.begun_ms is None:
+            return None
+        now = now_ms if now_ms is not None else time.time_ns() // 1_000_000
+        return max(0, now - self.begun_ms)
+
+    def preview(self, limit: int = 200) -> str | None:
+        """The stored result decoded and shortened; None when there is none."""
+        if self.value is None:
+            return None
+        try:
+            decoded = decode_result(self.value)
+        except ResultDecodingError as exc:
+            return f"<undecodable: {exc}>"
+        try:
+            text = json.dumps(decoded, default=_jsonable, ensure_ascii=False, sort_keys=True)
+        except (TypeError, ValueError):
+            text = repr(decoded)
+        text = redact(text)
+        return text if len(text) <= limit else text[: max(0, limit - 1)] + "…"
+
+    def as_dict(self, *, preview_chars: int | None = 200) -> dict[str, Any]:
+        data = asdict(self)
+        data.pop("value")
+        data["problems"] = list(self.problems)
+        data["age_ms"] = self.age_ms()
+        if preview_chars is not None:
+            data["value_preview"] = self.preview(preview_chars)
+        return data
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, bytes):
+        return {"bytes": value.hex()} if len(value) <= 64 else {"bytes": value[:64].hex() + "…"}
+    return str(value)
+
+
+def view_from_fields(tool_call_id: str, fields: Mapping[Any, Any], pttl: int | None) -> RecordView:
+    """Build a view from a hash's fields (HGETALL or HMGET zipped with names)."""
+    data = {_text(k) or "": v for k, v in fields.items()}
+    problems: list[str] = []
+    status = _text(data.get("status"))
+    if status is None:
+        problems.append("no status field")
+    elif status not in _STATUSES:
+        problems.append(f"unknown status {status!r}")
+    for name in ("key", "tool", "owner", "attempt"):
+        if data.get(name) in (None, b""):
+            problems.append(f"no {name} field")
+    stored = _text(data.get("stored")) == "1"
+    raw_value = data.get("value")
+    value = raw_value if isinstance(raw_value, bytes) and stored else None
+    value_len = data.get("value_len")
+    value_bytes = _int(value_len) if value_len is not None else (len(value) if value is not None else None)
+    if status == Status.COMMITTED.value and stored and value is not None:
+        try:
+            decode_result(value)
+        except ResultDecodingError as exc:
+            problems.append(f"value does not decode ({exc})")
+    return RecordView(
+        tool_call_id=tool_call_id,
+        status=status,
+        tool=_text(data.get("tool")),
+        idempotency_key=_text(data.get("key")),
+        owner=_text(data.get("owner")),
+        attempt=_int(data.get("attempt")),
+        begun_ms=_int(data.get("begun")),
+        committed_ms=_int(data.get("committed")),
+        ttl_ms=pttl if pttl is not None and pttl >= 0 else None,
+        stored=stored,
+        has_mac=bool(data.get("mac")),
+        value_bytes=value_bytes if stored else None,
+        value=value,
+        problems=tuple(problems),
+    )
+
+
+def read_record(client: Any, namespace: str, tool_call_id: str) -> RecordView | None:
+    """One record, read raw (works on any content). None when there is no such key."""
+    key = record_key(namespace, tool_call_id)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.hgetall(key)
+        pipe.pttl(key)
+        fields, pttl = pipe.execute()
+    except Exception as exc:
+        raise StoreError(redact(f"Redis did not answer: {type(exc).__name__}: {exc}")) from exc
+    if not fields:
+        return None
+    return view_from_fields(tool_call_id, fields, int(pttl))
+
+
+# -- listing ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ListFilter:
+    status: str | None = None
+    tool: str | None = None
+    older_than_s: float | None = None
+
+    def accepts(self, view: RecordView, now_ms: int) -> bool:
+        if self.status is not None and view.status != self.status:
+            return False
+        if self.tool is not None and view.tool != self.tool:
+            return False
+        if self.older_than_s is not None:
+            age = view.age_ms(now_ms)
+            if age is None or age < self.older_than_s * 1000:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class ListPage:
+    records: list[RecordView]
+    scanned: int  # keys examined
+    next_cursor: str | None  # None: the whole keyspace was covered
+
+
+def scan_nodes(client: Any) -> list[Any]:
+    """Clients to SCAN: one per primary of a Redis Cluster, else the client itself."""
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always ships it
+        return [client]
+    if isinstance(client, RedisCluster):
+        primaries = sorted(client.get_primaries(), key=lambda n: str(n.name))  # type: ignore[no-untyped-call]
+        return [client.get_redis_connection(node) for node in primaries]
+    return [client]
+
+
+def _parse_cursor(cursor: str | None) -> tuple[int, int, int]:
+    if not cursor:
+        return 0, 0, 0
+    parts = cursor.split(":")
+    try:
+        node, position, skip = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"not a cursor from a previous list: {cursor!r}") from None
+    return node, position, skip
+
+
+def list_records(
+    client: Any,
+    namespace: str,
+    *,
+    where: ListFilter = ListFilter(),
+    limit: int = 50,
+    scan_count: int = 500,
+    max_scanned: int = 100_000,
+    cursor: str | None = None,
+) -> ListPage:
+    """Records of ``namespace`` that pass ``where``, at most ``limit`` of them, examining at most
+    about ``max_scanned`` keys. ``next_cursor`` resumes where this page stopped (``node:scan
+    cursor:records of that batch already shown``); like SCAN itself, a record may show up twice."""
+    if limit <= 0 or scan_count <= 0 or max_scanned <= 0:
+        raise ValueError("limit, scan count and max scanned must be positive")
+    nodes = scan_nodes(client)
+    node_index, position, skip = _parse_cursor(cursor)
+    pattern = record_pattern(namespace)
+    found: list[RecordView] = []
+    scanned = 0
+    now_ms = time.time_ns() // 1_000_000
+    try:
+        while node_index < len(nodes):
+            node = nodes[node_index]
+            batch_start = position
+            next_position, keys = node.scan(cursor=position, match=pattern, count=scan_count)
+            scanned += len(keys)
+            accepted = [v for v in _read_views(node, namespace, keys) if where.accepts(v, now_ms)]
+            accepted = accepted[skip:]
+            room = limit - len(found)
+            if len(accepted) > room:
+                found.extend(accepted[:room])
+                return ListPage(found, scanned, f"{node_index}:{batch_start}:{skip + room}")
+            found.extend(accepted)
+            skip = 0
+            position = int(next_position)
+            if position == 0:
+                node_index += 1
+            if len(found) >= limit or scanned >= max_scanned:
+                break
+    except Exception as exc:
+        raise StoreError(redact(f"Redis did not answer: {type(exc).__name__}: {exc}")) from exc
+    done = node_index >= len(nodes)
+    return ListPage(found, scanned, None if done else f"{node_index}:{position}:0")
+
+
+def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[RecordView]:
+    """HMGET the small fields (never the value) of each key, one pipelined round trip."""
+    parsed: list[tuple[Any, str]] = []
+    for key in keys:
+        text = _text(key) or ""
+        match = _KEY_RE.match(text)
+        if match is None or match.group("ns") != namespace:
+            continue
+        tool_call_id = match.group("id")
+        if slot_tag(tool_call_id) != match.group("tag"):
+            continue  # not one of our record keys
+        parsed.append((key, tool_call_id))
+    if not parsed:
+        return
+    pipe = node.pipeline(transaction=False)
+    for key, _ in parsed:
+        pipe.hmget(key, *_FIELDS)
+        pipe.hstrlen(key, "value")
+        pipe.pttl(key)
+    replies = pipe.execute()
+    for i, (_, tool_call_id) in enumerate(parsed):
+        values, value_len, pttl = replies[3 * i : 3 * i + 3]
+        if all(v is None for v in values):
+            continue  # expired or deleted since the SCAN
+        fields: dict[str, Any] = dict(zip(_FIELDS, values, strict=True))
+        fields["value_len"] = value_len
+        yield view_from_fields(tool_call_id, fields, int(pttl))
+
+
+# -- the audit trail -------------------------------------------------------------------------------
+def audit_log_path(given: str | None) -> Path:
+    return Path(given or os.environ.get(AUDIT_LOG_ENV) or DEFAULT_AUDIT_LOG)
+
+
+class AuditLog:
+    """Appends one JSON line per operator action to a file, and echoes it to stderr.
+
+    The file is opened before the action, so an action that cannot be audited is not taken.
+    """
+
+    def __init__(self, path: Path, *, echo: IO[str] | None = None) -> None:
+        self.path = path
+        self._echo = echo if echo is not None else sys.stderr
+        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, entry: Mapping[str, Any]) -> dict[str, Any]:
+        line: dict[str, Any] = {
+            "ts": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+            "operator": _operator_name(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            **entry,
+        }
+        text = redact(json.dumps(line, sort_keys=True, ensure_ascii=False, default=str))
+        self._file.write(text + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        print(f"audit: {text}", file=self._echo)
+        return line
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _operator_name() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "unknown"
+
+
+def digest(value: bytes | None) -> str | None:
+    return hashlib.sha256(value).hexdigest() if value is not None else None

@@ -1,0 +1,249 @@
+"""Redis URLs to redis-py clients, for every topology the store supports.
+
+- ``redis://[user:pass@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path/to.sock?db=0``: one server,
+  parsed by redis-py itself (query options such as ``ssl_ca_certs=`` pass through).
+- ``redis+cluster://[user:pass@]h1:p1,h2:p2[?options]`` (``rediss+cluster://`` for TLS): a Redis Cluster,
+  reached through any of the listed nodes.
+- ``redis+sentinel://[user:pass@]h1:p1,h2:p2/<service>[/db][?options]`` (``rediss+sentinel://``: TLS to
+  the data nodes): the primary that the sentinels name for ``<service>``, followed across failovers.
+
+Options after ``?`` (cluster and sentinel URLs): ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``,
+``ssl_cert_reqs`` (none / optional / required), ``ssl_check_hostname`` (true / false),
+``sentinel_password`` and ``sentinel_username`` (sentinel URLs: credentials of the sentinels themselves).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+from urllib.parse import parse_qsl, unquote
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+
+SyncClient: TypeAlias = "redis.Redis | RedisCluster"
+AsyncClient: TypeAlias = "aredis.Redis | AsyncRedisCluster"
+Kind = Literal["single", "cluster", "sentinel"]
+
+SINGLE_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+_TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
+_SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
+
+
+@dataclass(frozen=True)
+class RedisURL:
+    """What a URL names: the topology, its seed hosts and the connection options."""
+
+    kind: Kind
+    url: str
+    tls: bool
+    hosts: tuple[tuple[str, int], ...] = ()
+    service: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def connection_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for the data-node connections (credentials, TLS)."""
+        kwargs: dict[str, Any] = {k: v for k, v in self.options.items() if k in _TLS_OPTIONS}
+        if self.username is not None:
+            kwargs["username"] = self.username
+        if self.password is not None:
+            kwargs["password"] = self.password
+        if self.tls:
+            kwargs["ssl"] = True
+        return kwargs
+
+
+def parse_url(url: str) -> RedisURL:
+    """Parse ``url``; a ValueError names what is wrong with it."""
+    if not isinstance(url, str) or "://" not in url:
+        raise ValueError(f"not a Redis URL: {url!r} (expected e.g. redis://host:6379/0)")
+    scheme = url.split("://", 1)[0].lower()
+    if scheme in SINGLE_SCHEMES:
+        return RedisURL("single", url, tls=scheme == "rediss")
+    if scheme not in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
+        known = ", ".join(s + "://" for s in SINGLE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES)
+        raise ValueError(f"unsupported Redis URL scheme {scheme + '://'!r}; use one of {known}")
+    rest = url.split("://", 1)[1]
+    netloc, _, path_query = rest.partition("/")
+    if "?" in netloc:  # redis+cluster://h:p?ssl_ca_certs=... (no path)
+        netloc, _, query = netloc.partition("?")
+        path = ""
+    else:
+        path, _, query = path_query.partition("?")
+    username = password = None
+    if "@" in netloc:
+        userinfo, _, netloc = netloc.rpartition("@")
+        user, sep, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if sep else None
+        if not sep:  # redis://secret@host: a password alone
+            password, username = username, None
+    hosts = tuple(_host_port(part, url) for part in netloc.split(",") if part.strip())
+    if not hosts:
+        raise ValueError(f"the URL {_redact(url)!r} names no host:port")
+    options = _options(query, url, sentinel=scheme in SENTINEL_SCHEMES)
+    tls = scheme.startswith("rediss")
+    segments = [unquote(s) for s in path.split("/") if s]
+    if scheme in CLUSTER_SCHEMES:
+        if segments and segments != ["0"]:
+            raise ValueError(f"a Redis Cluster has only database 0; the URL {_redact(url)!r} names {path!r}")
+        return RedisURL("cluster", url, tls, hosts, None, 0, username, password, options)
+    if not segments or len(segments) > 2:
+        raise ValueError(
+            f"a sentinel URL names the monitored service and optionally a database: "
+            f"redis+sentinel://h1:p1,h2:p2/<service>[/db], not {_redact(url)!r}"
+        )
+    db = 0
+    if len(segments) == 2:
+        if not segments[1].isdigit():
+            raise ValueError(f"the database in {_redact(url)!r} must be a number, not {segments[1]!r}")
+        db = int(segments[1])
+    return RedisURL("sentinel", url, tls, hosts, segments[0], db, username, password, options)
+
+
+def sync_client(url: str | RedisURL, **kwargs: Any) -> SyncClient:
+    """A blocking client for ``url``; ``kwargs`` (timeouts) apply to every data connection."""
+    parsed = url if isinstance(url, RedisURL) else parse_url(url)
+    if parsed.kind == "single":
+        return redis.Redis.from_url(parsed.url, decode_responses=False, **kwargs)
+    options = {**parsed.connection_kwargs(), **kwargs}
+    if parsed.kind == "cluster":
+        nodes = [ClusterNode(host, port) for host, port in parsed.hosts]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=nodes, decode_responses=False, **options)
+    from redis.sentinel import Sentinel
+
+    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        list(parsed.hosts),
+        sentinel_kwargs=_sentinel_kwargs(parsed, kwargs),
+        decode_responses=False,
+        **options,
+    )
+    assert parsed.service is not None
+    client = sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
+    return client  # type: ignore[no-any-return]
+
+
+def async_client(url: str | RedisURL, **kwargs: Any) -> AsyncClient:
+    """An asyncio client for ``url`` (bound to the event loop that first uses it)."""
+    parsed = url if isinstance(url, RedisURL) else parse_url(url)
+    if parsed.kind == "single":
+        return aredis.Redis.from_url(parsed.url, decode_responses=False, **kwargs)
+    options = {**parsed.connection_kwargs(), **kwargs}
+    if parsed.kind == "cluster":
+        nodes = [AsyncClusterNode(host, port) for host, port in parsed.hosts]
+        return AsyncRedisCluster(startup_nodes=nodes, decode_responses=False, **options)
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
+        list(parsed.hosts),
+        sentinel_kwargs=_sentinel_kwargs(parsed, kwargs),
+        decode_responses=False,
+        **options,
+    )
+    assert parsed.service is not None
+    aclient: aredis.Redis = sentinel.master_for(parsed.service, db=parsed.db)
+    return aclient
+
+
+def async_factory(url: str, **kwargs: Any) -> Callable[[], AsyncClient]:
+    parsed = parse_url(url)  # fail at construction, not on the first async call
+    return lambda: async_client(parsed, **kwargs)
+
+
+_NODE_KWARGS = (
+    "username",
+    "password",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "client_name",
+    "ssl_keyfile",
+    "ssl_certfile",
+    "ssl_cert_reqs",
+    "ssl_ca_certs",
+    "ssl_check_hostname",
+)
+
+
+def async_twin_of_cluster(client: RedisCluster) -> Callable[[], AsyncClient]:
+    """A maker of asyncio cluster clients that reach the same cluster as a blocking one."""
+    seeds = [(n.host, int(n.port)) for n in client.nodes_manager.startup_nodes.values()]
+    given = client.nodes_manager.connection_kwargs
+    kwargs = {k: v for k, v in given.items() if k in _NODE_KWARGS}
+    if given.get("connection_class") is not None and "SSL" in given["connection_class"].__name__:
+        kwargs["ssl"] = True
+
+    def make() -> AsyncClient:
+        nodes = [AsyncClusterNode(host, port) for host, port in seeds]
+        return AsyncRedisCluster(startup_nodes=nodes, decode_responses=False, **kwargs)
+
+    return make
+
+
+def async_node_client(cluster: AsyncRedisCluster, node: AsyncClusterNode) -> aredis.Redis:
+    """A plain asyncio client to one node of a cluster, with the cluster's credentials and TLS."""
+    from redis.asyncio.connection import ConnectionPool
+
+    kwargs = {k: v for k, v in node.connection_kwargs.items() if k in (*_NODE_KWARGS, "host", "port")}
+    pool = ConnectionPool(connection_class=node.connection_class, **kwargs)
+    return aredis.Redis(connection_pool=pool)
+
+
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def _host_port(part: str, url: str) -> tuple[str, int]:
+    part = part.strip()
+    if part.startswith("["):  # [::1]:7000
+        host, _, port = part[1:].partition("]:")
+    else:
+        host, sep, port = part.rpartition(":")
+        if not sep:
+            host, port = part, ""
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{part!r} in {_redact(url)!r} is not host:port")
+    return host, int(port)
+
+
+def _options(query: str, url: str, *, sentinel: bool) -> dict[str, Any]:
+    allowed = _TLS_OPTIONS + (_SENTINEL_OPTIONS if sentinel else ())
+    options: dict[str, Any] = {}
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name not in allowed:
+            raise ValueError(
+                f"unknown option {name!r} in {_redact(url)!r}; this URL kind takes: {', '.join(allowed)}"
+            )
+        if name == "ssl_check_hostname":
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(f"ssl_check_hostname takes true or false, not {value!r}")
+            options[name] = value.lower() in ("true", "1", "yes")
+        else:
+            options[name] = value
+    return options
+
+
+def _sentinel_kwargs(parsed: RedisURL, kwargs: dict[str, Any]) -> dict[str, Any]:
+    extra: dict[str, Any] = {
+        k: v for k, v in kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")
+    }
+    if "sentinel_password" in parsed.options:
+        extra["password"] = parsed.options["sentinel_password"]
+    if "sentinel_username" in parsed.options:
+        extra["username"] = parsed.options["sentinel_username"]
+    return extra
+
+
+def _redact(url: str) -> str:
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"

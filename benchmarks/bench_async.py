@@ -1,0 +1,158 @@
+"""Async guarded calls against a raw redis.asyncio floor, at several concurrency levels.
+
+Each guarded call is two round trips to Redis (the ``begin`` script, then the ``commit`` script)
+around an async tool that returns at once. The floor makes two round trips of the same shape with
+no guard at all: ``SET key value NX PX`` then ``SET key value XX PX``, with a value as large as the
+guarded call's stored result, over the same connection pool. The ratio guarded/floor is the share of
+the raw Redis throughput the guard keeps.
+
+    python -m benchmarks.bench_async                     # 3000 calls per level, levels 1 64 256
+    python -m benchmarks.bench_async --calls 500 --json out.json
+
+It starts a private redis-server (unix socket unless --tcp) and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import secrets
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from airlock_redis import EffectGuard, RedisEffectStore, tool_call_context
+from airlock_redis.core.codec import DEFAULT_MAX_RESULT_BYTES, encode_result
+from airlock_redis.embedded import EmbeddedRedis
+
+DEFAULT_LEVELS = (1, 64, 256)
+RESULT: dict[str, object] = {"status": "ok", "charge_id": "ch_0123456789abcdef", "cents": 2500}
+
+
+@dataclass(frozen=True)
+class Level:
+    concurrency: int
+    calls: int
+    floor_calls_per_s: float
+    guarded_calls_per_s: float
+
+    @property
+    def ratio(self) -> float:
+        return self.guarded_calls_per_s / self.floor_calls_per_s
+
+
+async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> float:
+    """Run ``calls`` calls of ``one`` from ``concurrency`` workers; return calls per second."""
+    next_index = 0
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < calls:
+            index = next_index
+            next_index += 1
+            await one(index)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, calls))))
+    return calls / (time.perf_counter() - started)
+
+
+async def measure_level(
+    store: RedisEffectStore, concurrency: int, calls: int, rounds: int, warmup: int
+) -> Level:
+    client = store.async_client()  # the guard's own pool, for the floor too
+    value = encode_result(RESULT, DEFAULT_MAX_RESULT_BYTES)
+    ttl_ms = 60_000
+
+    async def charge(account: str, cents: int) -> dict[str, object]:
+        return RESULT
+
+    tool = EffectGuard(store).wrap(charge)
+    run = secrets.token_hex(4)
+
+    async def floor_call(i: int) -> None:
+        key = f"bench:floor:{run}:{concurrency}:{i}"
+        await client.set(key, value, nx=True, px=ttl_ms)
+        await client.set(key, value, xx=True, px=ttl_ms)
+
+    def guarded_call(prefix: str) -> Callable[[int], Awaitable[None]]:
+        async def one(i: int) -> None:
+            with tool_call_context(f"{prefix}-{i}"):
+                await tool("acct_1", 2500)
+
+        return one
+
+    await drive(warmup, concurrency, floor_call)
+    await drive(warmup, concurrency, guarded_call(f"warm-{run}-{concurrency}"))
+    floor, guarded = [], []
+    for r in range(rounds):  # interleaved, best of each: less sensitive to a noisy neighbour
+        floor.append(await drive(calls, concurrency, floor_call))
+        guarded.append(await drive(calls, concurrency, guarded_call(f"g-{run}-{concurrency}-{r}")))
+    return Level(concurrency, calls, max(floor), max(guarded))
+
+
+async def measure(url: str, levels: Sequence[int], calls: int, rounds: int, warmup: int) -> list[Level]:
+    store = RedisEffectStore(url, namespace="bench", committed_ttl=120)
+    try:
+        return [await measure_level(store, c, calls, rounds, warmup) for c in levels]
+    finally:
+        await store.aclose()
+
+
+def report(levels: Sequence[Level], out: Any = sys.stdout) -> None:
+    print(
+        f"{'concurrency':>11}  {'floor calls/s':>14}  {'guarded calls/s':>16}  {'guarded/floor':>13}",
+        file=out,
+    )
+    for level in levels:
+        print(
+            f"{level.concurrency:>11}  {level.floor_calls_per_s:>14,.0f}  "
+            f"{level.guarded_calls_per_s:>16,.0f}  {level.ratio:>13.2f}",
+            file=out,
+        )
+
+
+def figures(levels: Sequence[Level], args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "benchmark": "async guarded calls vs raw redis.asyncio floor (2 round trips each)",
+        "calls_per_level": args.calls,
+        "rounds": args.rounds,
+        "transport": "tcp" if args.tcp else "unix",
+        "python": platform.python_version(),
+        "levels": [{**asdict(level), "ratio": level.ratio} for level in levels],
+    }
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--calls", type=int, default=3000, help="calls per level and round (default 3000)")
+    parser.add_argument(
+        "--levels", type=int, nargs="+", default=list(DEFAULT_LEVELS), help="concurrency levels"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per level; the best is kept")
+    parser.add_argument("--warmup", type=int, default=200, help="warm-up calls per level")
+    parser.add_argument("--tcp", action="store_true", help="loopback TCP instead of a unix socket")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    if args.calls <= 0 or args.rounds <= 0 or args.warmup < 0 or min(args.levels) <= 0:
+        parser.error("--calls, --rounds and --levels must be positive, --warmup not negative")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    with EmbeddedRedis(unix_socket=not args.tcp) as server:
+        levels = asyncio.run(measure(server.url, args.levels, args.calls, args.rounds, args.warmup))
+    report(levels)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures(levels, args), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

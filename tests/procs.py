@@ -1,0 +1,429 @@
+"""Process helpers for the tests that need more than one process, or a lossy link to Redis.
+
+- :class:`MutingProxy`: a TCP relay on 127.0.0.1 in front of a redis-server that withholds the reply
+  to the first request(s) matching a predicate, so redis-py times out and re-sends the command.
+- Worker functions run in ``spawn`` processes (races, cross-process results). They are module-level
+  so that a fresh interpreter can import them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import multiprocessing
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from multiprocessing.context import SpawnContext
+from multiprocessing.synchronize import Barrier
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+from pydantic import BaseModel
+
+from airlock_redis import (
+    EffectGuard,
+    EffectRefused,
+    GuardedCall,
+    RedisEffectStore,
+    Reversibility,
+    TransitionResult,
+    current_call_context,
+    tool_call_context,
+)
+from airlock_redis.stores.scripts import script_source
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+BARRIER_TIMEOUT = 120.0
+
+
+def spawn() -> SpawnContext:
+    return multiprocessing.get_context("spawn")
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a ``python -m airlock_redis`` subprocess run from the source tree."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def script_sha(name: str) -> bytes:
+    return hashlib.sha1(script_source(name).encode("utf-8")).hexdigest().encode("ascii")
+
+
+def is_script_call(name: str) -> Callable[[list[bytes]], bool]:
+    """A request predicate: EVAL/EVALSHA of one of our Lua transitions."""
+    sha = script_sha(name)
+    source = script_source(name).encode("utf-8")
+
+    def match(args: list[bytes]) -> bool:
+        if len(args) < 2:
+            return False
+        command = args[0].upper()
+        return (command == b"EVALSHA" and args[1] == sha) or (command == b"EVAL" and args[1] == source)
+
+    return match
+
+
+# -- a relay that loses replies --------------------------------------------------------------------
+def parse_request(buffer: bytes) -> tuple[list[bytes], int] | None:
+    """One RESP request (an array of bulk strings) from the start of ``buffer``, and its length.
+
+    None when the buffer does not hold a whole request yet.
+    """
+    end = buffer.find(b"\r\n")
+    if end < 0:
+        return None
+    if buffer[:1] != b"*":
+        raise ValueError(f"not a RESP array request: {buffer[:40]!r}")
+    count = int(buffer[1:end])
+    position = end + 2
+    args: list[bytes] = []
+    for _ in range(count):
+        end = buffer.find(b"\r\n", position)
+        if end < 0:
+            return None
+        if buffer[position : position + 1] != b"$":
+            raise ValueError(f"not a bulk string: {buffer[position : position + 40]!r}")
+        length = int(buffer[position + 1 : end])
+        start = end + 2
+        if len(buffer) < start + length + 2:
+            return None
+        args.append(buffer[start : start + length])
+        position = start + length + 2
+    return args, position
+
+
+class MutingProxy:
+    """Relays 127.0.0.1:<port> to a redis-server (unix socket path, or (host, port)).
+
+    The first ``mute`` requests that ``match`` accepts reach the server, but their connection never
+    delivers another reply: the client times out, drops the connection and (redis-py's retry)
+    re-sends the command on a new one. ``matched`` lists every matching request seen.
+    """
+
+    def __init__(
+        self, upstream: str | Path | tuple[str, int], match: Callable[[list[bytes]], bool], mute: int = 1
+    ) -> None:
+        self.upstream = upstream
+        self.match = match
+        self.remaining = mute
+        self.matched: list[list[bytes]] = []
+        self.muted: list[list[bytes]] = []
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._closing = threading.Event()
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port: int = self._listener.getsockname()[1]
+
+    def _connect_upstream(self) -> socket.socket:
+        if isinstance(self.upstream, tuple):
+            return socket.create_connection(self.upstream, timeout=10)
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.settimeout(10)
+        upstream.connect(str(self.upstream))
+        return upstream
+
+    def _start(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def _accept(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = self._connect_upstream()
+            client.settimeout(None)
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            muted = threading.Event()
+            self._start(self._requests, client, upstream, muted)
+            self._start(self._replies, upstream, client, muted)
+
+    def _requests(self, client: socket.socket, upstream: socket.socket, muted: threading.Event) -> None:
+        buffer = b""
+        while True:
+            try:
+                chunk = client.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                _close(upstream)
+                return
+            buffer += chunk
+            while True:
+                parsed = parse_request(buffer)
+                if parsed is None:
+                    break
+                args, size = parsed
+                raw, buffer = buffer[:size], buffer[size:]
+                if self.match(args):
+                    with self._lock:
+                        self.matched.append(args)
+                        if self.remaining > 0:
+                            self.remaining -= 1
+                            self.muted.append(args)
+                            muted.set()
+                try:
+                    upstream.sendall(raw)
+                except OSError:
+                    return
+
+    @staticmethod
+    def _replies(upstream: socket.socket, client: socket.socket, muted: threading.Event) -> None:
+        while True:
+            try:
+                chunk = upstream.recv(65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                _close(client)
+                return
+            if muted.is_set():
+                continue  # the reply is lost on the way back
+            try:
+                client.sendall(chunk)
+            except OSError:
+                return
+
+    def start(self) -> MutingProxy:
+        self._start(self._accept)
+        return self
+
+    def close(self) -> None:
+        self._closing.set()
+        _close(self._listener)
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            _close(sock)
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def __enter__(self) -> MutingProxy:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+# -- races ------------------------------------------------------------------------------------------
+def runs_key(namespace: str, tool_call_id: str) -> str:
+    return f"{namespace}:runs:{tool_call_id}"
+
+
+def outcomes_key(namespace: str, tool_call_id: str) -> str:
+    return f"{namespace}:outcomes:{tool_call_id}"
+
+
+def commits_key(namespace: str, tool_call_id: str) -> str:
+    return f"{namespace}:commits:{tool_call_id}"
+
+
+def race_irreversible(
+    url: str, namespace: str, ids: list[str], barrier: Barrier, worker: int, *, hold: float
+) -> None:
+    """One racer: for each id, wait for every racer, then call the irreversible tool under that id.
+
+    The tool body counts its runs in Redis (INCR) and holds ``hold`` seconds, so that some racers
+    find the record pending (refused) and others committed (replayed).
+    """
+    backend = redis.Redis.from_url(url)
+    guard = EffectGuard(store=RedisEffectStore(url, namespace=namespace))
+
+    @guard.wrap
+    def transfer(account: str, cents: int) -> dict[str, Any]:
+        context = current_call_context()
+        assert context is not None
+        run = int(backend.incr(runs_key(namespace, str(context.tool_call_id))))
+        time.sleep(hold)
+        return {"by": worker, "run": run, "account": account, "cents": cents}
+
+    for tool_call_id in ids:
+        barrier.wait(timeout=BARRIER_TIMEOUT)
+        entry: dict[str, Any] = {"worker": worker}
+        with tool_call_context(tool_call_id):
+            try:
+                value = transfer("acct_race", 1250)
+                entry |= {"outcome": "executed" if value["by"] == worker else "replayed", "value": value}
+            except EffectRefused as refused:
+                entry |= {"outcome": f"refused:{refused.reason}", "value": None}
+        backend.rpush(outcomes_key(namespace, tool_call_id), json.dumps(entry))
+    backend.close()
+
+
+class CommitLoggingStore(RedisEffectStore):
+    """A Redis store that also logs the answer of every commit (for the take-over race)."""
+
+    def commit(
+        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        result = super().commit(tool_call_id, token, value, mac)
+        entry = {"token": token, "result": result.value}
+        self.client.rpush(commits_key(self.namespace, tool_call_id), json.dumps(entry))
+        return result
+
+
+def race_reversible(url: str, namespace: str, ids: list[str], barrier: Barrier, worker: int) -> None:
+    """One racer on records left pending by a dead attempt: the tool is reversible, so it takes over."""
+    backend = redis.Redis.from_url(url)
+    guard = EffectGuard(store=CommitLoggingStore(url, namespace=namespace))
+    for tool_call_id in ids:
+        call = GuardedCall("refresh_quote", tool_call_id, {"symbol": "ACME"}, Reversibility.REVERSIBLE)
+
+        def body(tool_call_id: str = tool_call_id) -> dict[str, Any]:
+            run = int(backend.incr(runs_key(namespace, tool_call_id)))
+            time.sleep(0.01)
+            return {"by": worker, "run": run}
+
+        barrier.wait(timeout=BARRIER_TIMEOUT)
+        done = guard.execute(call, body)
+        entry = {"worker": worker, "effect": done.effect, "attempt": done.attempt, "value": done.value}
+        backend.rpush(outcomes_key(namespace, tool_call_id), json.dumps(entry))
+    backend.close()
+
+
+# -- results across processes -----------------------------------------------------------------------
+class Line(BaseModel):
+    sku: str
+    quantity: int
+    unit_price: Decimal
+
+
+class Invoice(BaseModel):
+    number: uuid.UUID
+    issued: dt.datetime
+    lines: list[Line]
+    tags: tuple[str, ...]
+    attachment: bytes
+    note: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Receipt:
+    number: int
+    paid_on: dt.date
+    amount: Decimal
+    raw: bytes
+    reference: uuid.UUID
+    memo: str | None
+
+
+def sample_plain() -> dict[str, Any]:
+    return {
+        "id": uuid.UUID("12345678-1234-5678-1234-567812345678"),
+        "amount": Decimal("1234.5600"),
+        "when": dt.datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        "naive": dt.datetime(2024, 1, 2, 3, 4, 5),
+        "day": dt.date(2024, 2, 29),
+        "pair": (1, "two", b"\x00\xff"),
+        "nested": {"list": [1, 2.5, None, True], "tuple": ((1, 2), (3, 4))},
+        "blob": bytes(range(256)),
+        "nothing": None,
+        "big": 2**80,
+        "text": "naïve ☃",
+    }
+
+
+def sample_invoice() -> Invoice:
+    return Invoice(
+        number=uuid.UUID("87654321-4321-8765-4321-876543218765"),
+        issued=dt.datetime(2024, 3, 1, 12, 0, tzinfo=dt.timezone.utc),
+        lines=[
+            Line(sku="A-1", quantity=2, unit_price=Decimal("9.99")),
+            Line(sku="B-2", quantity=1, unit_price=Decimal("0.01")),
+        ],
+        tags=("paid", "eu"),
+        attachment=b"%PDF-1.7\x00\x01",
+    )
+
+
+def sample_receipt() -> Receipt:
+    return Receipt(
+        number=42,
+        paid_on=dt.date(2024, 12, 31),
+        amount=Decimal("-0.50"),
+        raw=b"\x89PNG",
+        reference=uuid.UUID(int=7),
+        memo=None,
+    )
+
+
+def make_result_tools(guard: EffectGuard, count: Callable[[], None]) -> dict[str, Callable[..., Any]]:
+    """The same tools in every process: each returns one kind of result."""
+
+    @guard.wrap
+    def plain(seed: int) -> dict[str, Any]:
+        count()
+        return sample_plain()
+
+    @guard.wrap
+    def invoice(seed: int) -> Invoice:
+        count()
+        return sample_invoice()
+
+    @guard.wrap
+    def receipt(seed: int) -> Receipt:
+        count()
+        return sample_receipt()
+
+    @guard.wrap
+    def nothing(seed: int) -> None:
+        count()
+
+    @guard.wrap
+    def pair(seed: int) -> tuple[int, bytes]:
+        count()
+        return (seed, b"\x01\x02")
+
+    @guard.wrap
+    def invoices(seed: int) -> list[Invoice]:
+        count()
+        return [sample_invoice(), sample_invoice().model_copy(update={"note": "copy"})]
+
+    return {f.__name__: f for f in (plain, invoice, receipt, nothing, pair, invoices)}
+
+
+def call_result_tool(url: str, namespace: str, tool: str, tool_call_id: str) -> tuple[int, int, Any]:
+    """In a fresh process: call ``tool`` under ``tool_call_id``; returns (pid, runs of the body, value)."""
+    backend = redis.Redis.from_url(url)
+    counter = f"{namespace}:runs:{tool}:{tool_call_id}"
+    guard = EffectGuard(store=RedisEffectStore(url, namespace=namespace))
+
+    def count() -> None:
+        backend.incr(counter)
+
+    tools = make_result_tools(guard, count)
+    before = int(backend.get(counter) or 0)
+    with tool_call_context(tool_call_id):
+        value = tools[tool](seed=7)
+    ran = int(backend.get(counter) or 0) - before
+    backend.close()
+    return os.getpid(), ran, value

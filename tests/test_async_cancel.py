@@ -1,0 +1,300 @@
+"""Cancellation of an async tool: task.cancel(), asyncio.timeout and asyncio.wait_for record the call
+unknown (never released) and then propagate; the store write after it survives further cancels; a
+cancel that lands while ``begin`` is in flight hands the record back (the tool never ran)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from airlock_redis import (
+    BeginOutcome,
+    BeginRequest,
+    EffectGuard,
+    EffectStatusUnknown,
+    EffectStore,
+    RedisEffectStore,
+    Settlement,
+    Status,
+    TransitionResult,
+    tool_call_context,
+)
+from airlock_redis.embedded import EmbeddedRedis
+
+
+class Hanging:
+    """An async tool that starts its effect and then waits until it is cancelled."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.runs = 0
+        self.cancelled = 0
+
+    async def __call__(self, account: str) -> str:
+        self.runs += 1
+        self.started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return "never"
+
+
+def guarded(store: EffectStore, body: Callable[[str], Awaitable[str]]) -> Callable[[str], Awaitable[str]]:
+    async def charge(account: str) -> str:
+        return await body(account)
+
+    return EffectGuard(store).wrap(charge)
+
+
+async def call(tool: Callable[[str], Awaitable[str]], tool_call_id: str, account: str = "acct_1") -> str:
+    with tool_call_context(tool_call_id):
+        return await tool(account)
+
+
+def status_of(store: EffectStore, tool_call_id: str) -> Status | None:
+    record = store.get(tool_call_id)
+    return None if record is None else record.status
+
+
+def test_task_cancel_records_unknown_and_propagates(store: EffectStore) -> None:
+    async def main() -> None:
+        hanging = Hanging()
+        tool = guarded(store, hanging)
+        task = asyncio.create_task(call(tool, "cx-1"))
+        await hanging.started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert task.cancelled() and hanging.cancelled == 1
+        record = await store.aget("cx-1")
+        assert record is not None and record.status is Status.UNKNOWN
+        with pytest.raises(EffectStatusUnknown):
+            await call(tool, "cx-1")
+        assert hanging.runs == 1
+
+    asyncio.run(main())
+    assert status_of(store, "cx-1") is Status.UNKNOWN
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout is new in 3.11")
+def test_asyncio_timeout_records_unknown_and_raises_timeout(store: EffectStore) -> None:
+    async def main() -> None:
+        hanging = Hanging()
+        tool = guarded(store, hanging)
+        scopes: list[asyncio.Timeout] = []
+
+        async def supervised() -> str:
+            async with asyncio.timeout(None) as scope:
+                scopes.append(scope)
+                return await call(tool, "cx-timeout")
+
+        task = asyncio.create_task(supervised())
+        await hanging.started.wait()
+        scopes[0].reschedule(asyncio.get_running_loop().time())  # expire now that the tool runs
+        with pytest.raises(TimeoutError):
+            await task
+        assert scopes[0].expired() and hanging.cancelled == 1
+
+    asyncio.run(main())
+    assert status_of(store, "cx-timeout") is Status.UNKNOWN
+
+
+def test_asyncio_wait_for_records_unknown_and_raises_timeout(store: EffectStore) -> None:
+    async def main() -> None:
+        # The timeout may (on a very slow machine) fire while begin is still in flight; then the
+        # tool never ran and the record must be gone. Try fresh ids until one fires mid-tool.
+        for attempt in range(20):
+            hanging = Hanging()
+            tool = guarded(store, hanging)
+            tool_call_id = f"cx-wait-{attempt}"
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(call(tool, tool_call_id), timeout=0.2)
+            record = await store.aget(tool_call_id)
+            if hanging.runs:
+                assert hanging.cancelled == 1
+                assert record is not None and record.status is Status.UNKNOWN
+                with pytest.raises(EffectStatusUnknown):
+                    await call(tool, tool_call_id)
+                assert hanging.runs == 1
+                return
+            assert record is None
+        pytest.fail("the tool never started within 20 attempts")
+
+    asyncio.run(main())
+
+
+# -- gates inside the store, to cancel at chosen points --------------------------------------------------
+class GatedStore(RedisEffectStore):
+    """A real Redis store that can hold a step (after begin, before commit or settle) until released."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        super().__init__(url, namespace=namespace)
+        self.entered: dict[str, asyncio.Event] = {}
+        self.gates: dict[str, asyncio.Event] = {}
+        self.finished: list[str] = []
+        self.all_done = asyncio.Event()
+
+    def arm(self, step: str) -> None:
+        self.entered[step] = asyncio.Event()
+        self.gates[step] = asyncio.Event()
+
+    async def _hold(self, step: str) -> None:
+        if step in self.gates:
+            self.entered[step].set()
+            await self.gates[step].wait()
+
+    async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        outcome = await super().abegin(request)
+        await self._hold("begin")
+        self.finished.append(f"begin:{outcome.kind.value}")
+        return outcome
+
+    async def acommit(
+        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        await self._hold("commit")
+        result = await super().acommit(tool_call_id, token, value, mac)
+        self.finished.append(f"commit:{result.value}")
+        self.all_done.set()
+        return result
+
+    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+        await self._hold("settle")
+        result = await super().asettle(tool_call_id, token, settlement)
+        self.finished.append(f"settle:{settlement.value}:{result.value}")
+        self.all_done.set()
+        return result
+
+
+async def spin(times: int = 20) -> None:
+    for _ in range(times):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("extra_cancels", [1, 3])
+def test_cancels_during_the_settle_still_leave_the_record_unknown(
+    redis_server: EmbeddedRedis, namespace: str, extra_cancels: int
+) -> None:
+    async def main() -> GatedStore:
+        store = GatedStore(redis_server.url, namespace)
+        store.arm("settle")
+        hanging = Hanging()
+        tool = guarded(store, hanging)
+        task = asyncio.create_task(call(tool, "cx-settle"))
+        await hanging.started.wait()
+        task.cancel()
+        await store.entered["settle"].wait()
+        for _ in range(extra_cancels):  # cancel again while the settle is held
+            task.cancel()
+            await spin()
+        if extra_cancels == 1:
+            assert not task.done()  # the driver waits for its shielded settle
+        store.gates["settle"].set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.all_done.wait()
+        assert (await store.aget("cx-settle")) is not None
+        return store
+
+    store = asyncio.run(main())
+    assert store.finished == ["begin:started", "settle:unknown:ok"]
+    assert status_of(store, "cx-settle") is Status.UNKNOWN
+
+
+@pytest.mark.redis_server
+def test_cancel_during_the_commit_still_commits(redis_server: EmbeddedRedis, namespace: str) -> None:
+    runs: list[str] = []
+
+    async def quick(account: str) -> str:
+        runs.append(account)
+        return f"paid {account}"
+
+    async def main() -> GatedStore:
+        store = GatedStore(redis_server.url, namespace)
+        store.arm("commit")
+        tool = guarded(store, quick)
+        task = asyncio.create_task(call(tool, "cx-commit"))
+        await store.entered["commit"].wait()
+        task.cancel()
+        await spin()
+        assert not task.done()
+        store.gates["commit"].set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # the effect happened and was recorded: a retry replays it without running
+        assert await call(tool, "cx-commit") == "paid acct_1"
+        return store
+
+    store = asyncio.run(main())
+    assert runs == ["acct_1"]
+    assert store.finished[:2] == ["begin:started", "commit:ok"]
+    assert status_of(store, "cx-commit") is Status.COMMITTED
+
+
+@pytest.mark.redis_server
+@pytest.mark.parametrize("extra_cancels", [0, 2])
+def test_cancel_while_begin_is_in_flight_releases_the_record(
+    redis_server: EmbeddedRedis, namespace: str, extra_cancels: int
+) -> None:
+    runs: list[str] = []
+
+    async def quick(account: str) -> str:
+        runs.append(account)
+        return "ok"
+
+    async def main() -> GatedStore:
+        store = GatedStore(redis_server.url, namespace)
+        store.arm("begin")
+        tool = guarded(store, quick)
+        task = asyncio.create_task(call(tool, "cx-begin"))
+        await store.entered["begin"].wait()
+        # begin has run in Redis: the record is this attempt's and pending
+        pending = await store.aget("cx-begin")
+        assert pending is not None and pending.status is Status.PENDING
+        task.cancel()
+        for _ in range(extra_cancels):
+            await spin()
+            task.cancel()
+        await spin()
+        store.gates["begin"].set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.all_done.wait()
+        assert runs == []
+        assert (await store.aget("cx-begin")) is None  # handed back: the tool never ran
+        del store.gates["begin"]
+        assert await call(tool, "cx-begin") == "ok"  # so the retry runs it
+        return store
+
+    store = asyncio.run(main())
+    assert runs == ["acct_1"]
+    assert store.finished[:2] == ["begin:started", "settle:release:ok"]
+    assert status_of(store, "cx-begin") is Status.COMMITTED
+
+
+def test_a_cancelled_tool_is_not_released_even_when_cancellation_is_listed_as_not_ambiguous(
+    store: EffectStore,
+) -> None:
+    """ambiguous_errors only widens what counts as in doubt: cancellation is always unknown."""
+
+    async def main() -> None:
+        hanging = Hanging()
+
+        async def charge(account: str) -> str:
+            return await hanging(account)
+
+        tool = EffectGuard(store, ambiguous_errors=()).wrap(charge)
+        task = asyncio.create_task(call(tool, "cx-narrow"))
+        await hanging.started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert status_of(store, "cx-narrow") is Status.UNKNOWN

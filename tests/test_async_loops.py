@@ -1,0 +1,188 @@
+"""One store, many event loops: each loop gets its own asyncio client, and the client goes away with
+its loop, so successive asyncio.run() calls (or threads with their own loops) never pile up
+connections on the server."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from airlock_redis import EffectGuard, RedisEffectStore, Status, StoreError, tool_call_context
+from airlock_redis.embedded import EmbeddedRedis
+from tests.conftest import require_redis_server
+
+pytestmark = pytest.mark.redis_server
+
+LOOPS = 20
+
+
+@pytest.fixture(scope="module")
+def private_server() -> Iterator[EmbeddedRedis]:
+    """A server of its own, so the connection counts below are this module's alone."""
+    require_redis_server()
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def admin(private_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = private_server.client()
+    yield client
+    client.close()
+
+
+def connections(admin: redis.Redis) -> int:
+    gc.collect()  # blocking clients dropped by earlier tests close their sockets when collected
+    return len(admin.client_list())  # the admin's own connection included
+
+
+def guarded_echo(store: RedisEffectStore) -> Callable[[int], object]:
+    async def echo(n: int) -> int:
+        await asyncio.sleep(0)
+        return n
+
+    return EffectGuard(store).wrap(echo)
+
+
+async def call(tool: Callable[[int], object], tool_call_id: str, n: int) -> object:
+    with tool_call_context(tool_call_id):
+        result = tool(n)
+        assert asyncio.iscoroutine(result)
+        return await result
+
+
+def make_store(kind: str, server: EmbeddedRedis, namespace: str) -> RedisEffectStore:
+    if kind == "url":
+        return RedisEffectStore(server.url, namespace=namespace)
+    if kind == "twin of a blocking client":
+        return RedisEffectStore(client=redis.Redis.from_url(server.url), namespace=namespace)
+    return RedisEffectStore(
+        async_client=lambda: aredis.Redis.from_url(server.url), namespace=namespace
+    )  # "factory"
+
+
+@pytest.mark.parametrize("kind", ["url", "twin of a blocking client", "factory"])
+def test_successive_asyncio_runs_share_a_store_without_piling_up_connections(
+    private_server: EmbeddedRedis, admin: redis.Redis, namespace: str, kind: str
+) -> None:
+    store = make_store(kind, private_server, namespace)
+    tool = guarded_echo(store)
+    baseline = connections(admin)
+    seen: list[int] = []
+    for i in range(LOOPS):
+        # 8 concurrent calls per loop: several pooled connections per loop, all closed with it
+        async def main(i: int = i) -> list[object]:
+            return list(await asyncio.gather(*(call(tool, f"loop-{i}-{j}", j) for j in range(8))))
+
+        assert asyncio.run(main()) == list(range(8))
+        seen.append(connections(admin))
+        assert store._async_clients == {}
+    assert max(seen) == baseline, seen
+    # and every loop's calls were recorded through the one store
+    check = RedisEffectStore(private_server.url, namespace=namespace)
+    assert all(check.get(f"loop-{i}-7") is not None for i in range(LOOPS))
+
+    async def replay() -> object:
+        return await call(tool, "loop-0-3", 3)
+
+    assert asyncio.run(replay()) == 3
+    record = check.get("loop-0-3")
+    assert record is not None and record.status is Status.COMMITTED
+    check.close()
+
+
+def test_loops_closed_without_shutting_down_async_generators_are_forgotten(
+    private_server: EmbeddedRedis, admin: redis.Redis, namespace: str
+) -> None:
+    store = RedisEffectStore(private_server.url, namespace=namespace)
+    tool = guarded_echo(store)
+    baseline = connections(admin)
+    for i in range(LOOPS):
+        loop = asyncio.new_event_loop()
+        try:
+            assert loop.run_until_complete(call(tool, f"raw-{i}", i)) == i
+        finally:
+            loop.close()  # no shutdown_asyncgens(): the store only learns of it on the next loop
+        assert len(store._async_clients) == 1
+    gc.collect()
+    assert connections(admin) <= baseline + 1  # at most the last closed loop's client lingers
+    assert asyncio.run(call(tool, "raw-final", 1)) == 1
+    gc.collect()
+    assert store._async_clients == {}
+    assert connections(admin) == baseline
+
+
+def test_aclose_closes_the_running_loops_client_and_the_store_reconnects(
+    private_server: EmbeddedRedis, admin: redis.Redis, namespace: str
+) -> None:
+    store = RedisEffectStore(private_server.url, namespace=namespace)
+    tool = guarded_echo(store)
+    baseline = connections(admin)
+
+    async def main() -> None:
+        assert await call(tool, "ac-1", 1) == 1
+        first = store.async_client()
+        assert connections(admin) == baseline + 1
+        await store.aclose()
+        assert connections(admin) == baseline
+        assert store._async_clients == {}
+        assert await call(tool, "ac-1", 1) == 1  # a replay, over a new client
+        assert store.async_client() is not first
+
+    asyncio.run(main())
+    assert connections(admin) == baseline
+
+
+def test_a_client_passed_in_is_the_callers_and_is_not_closed_by_the_store(
+    private_server: EmbeddedRedis, admin: redis.Redis, namespace: str
+) -> None:
+    async def main() -> None:
+        mine = aredis.Redis.from_url(private_server.url)
+        store = RedisEffectStore(async_client=mine, namespace=namespace)
+        assert await call(guarded_echo(store), "own-1", 5) == 5
+        assert store.async_client() is mine
+        # closed by its owner, not by the store
+        await mine.aclose()
+        with pytest.raises(StoreError, match="only an async client"):
+            store.get("own-1")  # and there is no blocking path to fall back on
+
+    asyncio.run(main())
+
+
+def test_threads_with_their_own_loops_each_get_a_client(
+    private_server: EmbeddedRedis, admin: redis.Redis, namespace: str
+) -> None:
+    store = RedisEffectStore(private_server.url, namespace=namespace)
+    tool = guarded_echo(store)
+    baseline = connections(admin)
+    clients: dict[int, int] = {}
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker(n: int) -> None:
+        async def main() -> None:
+            barrier.wait(timeout=30)  # all four loops alive at once
+            assert await call(tool, f"thr-{n}", n) == n
+            clients[n] = id(store.async_client())
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    assert len(set(clients.values())) == 4
+    gc.collect()
+    assert store._async_clients == {}
+    assert connections(admin) == baseline

@@ -1,0 +1,189 @@
+"""Smoke tests of the load benchmark and the comparison harness: they run with tiny counts and
+produce every figure. Nothing here asserts on speed."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airlock_redis.cli import main as cli_main
+from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.loadgen.histogram import Histogram
+from airlock_redis.loadgen.stats import BenchSummary, WorkerReport
+from benchmarks import compare
+
+from .conftest import require_redis_server
+
+pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+
+BENCH_FIGURES = {
+    "calls",
+    "calls_per_s",
+    "latency",
+    "executed",
+    "replayed",
+    "refusals",
+    "refused",
+    "errors",
+    "error_count",
+    "unique_calls",
+    "executions",
+    "duplicate_executions",
+    "reversible_reruns",
+    "records",
+    "memory_per_record_bytes",
+    "memory_sampled_records",
+    "histogram",
+    "throughput",
+    "verdict",
+    "config",
+    "elapsed_s",
+    "target",
+}
+
+
+def test_bench_cli_runs_and_writes_every_figure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    require_redis_server()
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    code = cli_main(
+        [
+            "bench",
+            "--processes",
+            "2",
+            "--concurrency",
+            "2",
+            "--calls",
+            "200",
+            "--duplicate-rate",
+            "0.4",
+            "--value-bytes",
+            "32",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    figures = json.loads(out.read_text())
+    assert set(figures) >= BENCH_FIGURES
+    assert figures["calls"] == 200
+    assert figures["duplicate_executions"] == 0
+    assert figures["verdict"] == "ok"
+    assert figures["error_count"] == 0
+    # every call either ran, replayed or was refused; retries made unique ids fewer than calls
+    assert figures["executed"] + figures["replayed"] + figures["refused"] == 200
+    assert 0 < figures["unique_calls"] < 200
+    assert figures["executions"] == figures["executed"]
+    assert figures["executions"] - figures["reversible_reruns"] <= figures["unique_calls"]
+    assert figures["records"] > 0 and figures["memory_per_record_bytes"] > 0
+    for name in ("p50_us", "p95_us", "p99_us", "max_us"):
+        assert figures["latency"][name] > 0
+    assert figures["latency"]["p50_us"] <= figures["latency"]["p99_us"] <= figures["latency"]["max_us"]
+    assert sum(count for _, count in figures["histogram"]["buckets"]) == 200
+    assert figures["throughput"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "duplicate executions" in printed.out and "guarded calls/s" in printed.out
+    assert "[" in printed.err and "%" in printed.err  # the progress bar
+
+
+def test_bench_reports_duplicate_executions_as_failure() -> None:
+    """The verdict logic: two executions of one irreversible call fail the run; a reversible re-run
+    does not."""
+    report = WorkerReport(calls=3, executed=3)
+    report.ids = {"r-0-1", "r-0-2"}
+    report.runs.update({"r-0-1": 2, "r-0-2": 1})
+    summary = BenchSummary({}, "t", 1.0, report, set(), None, 0, 2)
+    assert summary.duplicate_executions == 1 and summary.failed
+    assert summary.to_json()["verdict"].startswith("FAILURE")
+    allowed = BenchSummary({}, "t", 1.0, report, {"r-0-1"}, None, 0, 2)
+    assert allowed.duplicate_executions == 0 and allowed.reversible_reruns == 1 and not allowed.failed
+
+
+def test_histogram_percentiles_within_a_bucket() -> None:
+    h = Histogram()
+    for us in range(1, 1001):
+        h.record(us / 1e6)
+    assert h.total == 1000 and h.max_us == pytest.approx(1000.0)
+    assert h.percentile_us(50) == pytest.approx(500, rel=0.02)
+    assert h.percentile_us(99) == pytest.approx(990, rel=0.02)
+    other = Histogram()
+    other.record(0.005)
+    h.merge(other)
+    assert h.total == 1001 and h.percentile_us(100) == pytest.approx(5000.0)
+
+
+def test_bench_cli_refuses_cluster_flag_without_cluster_url(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli_main(["bench", "--cluster", "--url", "redis://127.0.0.1:1/0", "--calls", "1"]) == 2
+    assert "redis+cluster://" in capsys.readouterr().err
+
+
+def test_compare_harness_runs_and_writes_every_figure(tmp_path: Path) -> None:
+    require_redis_server()
+    out = tmp_path / "tiny.json"
+    code = compare.main(
+        [
+            "--json",
+            str(out),
+            "--calls",
+            "20",
+            "--repeats",
+            "2",
+            "--warmup",
+            "5",
+            "--race-attempts",
+            "40",
+            "--race-processes",
+            "2",
+        ]
+    )
+    assert code == 0
+    report: dict[str, Any] = json.loads(out.read_text())
+    rows = report["measurements"]["rows"]
+    assert set(rows) == set(compare.ROWS)
+    for row in rows.values():
+        assert len(row["rounds_us"]) == 2 and all(v > 0 for v in row["rounds_us"])
+    for ratio in report["measurements"]["ratios"].values():
+        assert math.isfinite(ratio["median"]) and ratio["median"] > 0
+    race = report["race"]
+    assert race["executions"] == 1 and race["ok"] and race["errors"] == 0
+    assert race["executed"] == 1
+    assert race["executed"] + race["replayed"] + race["refused"] == 40
+    for key in ("cpu", "cores", "python", "redis_server", "redis_py"):
+        assert report["machine"][key]
+    summary = out.with_suffix(".md").read_text()
+    assert "guard_redis/floor" in summary and "Racing duplicates" in summary
+
+
+def _recording_tool(runs: list[int]) -> Callable[[int], dict[str, int]]:
+    def pay(cents: int) -> dict[str, int]:
+        runs.append(cents)
+        return {"cents": cents}
+
+    return pay
+
+
+def test_rival_stores_keep_the_replay_table_on_a_real_server(redis_server: EmbeddedRedis) -> None:
+    """The reference rivals must behave like stores, or the comparison is meaningless."""
+    from airlock_redis import EffectGuard, tool_call_context
+    from benchmarks.rivals import PowertoolsStyleStore, WatchMultiStore
+
+    for store_class in (WatchMultiStore, PowertoolsStyleStore):
+        client = redis_server.client()
+        guard = EffectGuard(store=store_class(client, f"rival:{store_class.__name__}"))
+        runs: list[int] = []
+        pay = guard.wrap(_recording_tool(runs), name="pay")
+
+        with tool_call_context("call-1"):
+            first = pay(5)
+        with tool_call_context("call-1"):
+            second = pay(5)
+        assert first == second == {"cents": 5}
+        assert runs == [5], store_class.__name__
+        client.close()

@@ -1,0 +1,45 @@
+"""Helpers shared by the topology tests: a guarded tool that counts real executions."""
+
+from __future__ import annotations
+
+import secrets
+from collections import Counter
+from typing import Any
+
+from airlock_redis import EffectGuard, RedisEffectStore, tool_call_context
+
+
+class Counted:
+    """A sync and an async tool whose executions are counted per tool_call_id, guarded by ``store``."""
+
+    def __init__(self, store: RedisEffectStore) -> None:
+        self.runs: Counter[str] = Counter()
+        self.guard = EffectGuard(store=store)
+        runs = self.runs
+
+        def charge(account: str, cents: int) -> dict[str, Any]:
+            runs[account] += 1
+            return {"account": account, "cents": cents, "receipt": secrets.token_hex(4)}
+
+        async def acharge(account: str, cents: int) -> dict[str, Any]:
+            runs[account] += 1
+            return {"account": account, "cents": cents, "receipt": secrets.token_hex(4)}
+
+        self.charge = self.guard.wrap(charge, name="charge")
+        self.acharge = self.guard.wrap(acharge, name="charge")
+
+    def call(self, tool_call_id: str, account: str) -> dict[str, Any]:
+        with tool_call_context(tool_call_id):
+            return self.charge(account=account, cents=500)
+
+    async def acall(self, tool_call_id: str, account: str) -> dict[str, Any]:
+        with tool_call_context(tool_call_id):
+            return await self.acharge(account=account, cents=500)
+
+
+def fresh_id(prefix: str = "call") -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def namespace() -> str:
+    return f"topo:{secrets.token_hex(4)}"
