@@ -15,7 +15,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast
 
 from .approval import ApprovalRequest, Approver, approve, approve_blocking
 from .context import current_call_context, running_key

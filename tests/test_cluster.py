@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from airlock_redis import RedisEffectStore, StoreUnavailable
 from airlock_redis.stores.url import is_cluster
 
@@ -27,8 +28,9 @@ def test_a_cluster_url_gives_a_cluster_client(cluster: ClusterTopology) -> None:
 
 def test_a_call_replays_across_two_store_objects_sync(cluster: ClusterTopology) -> None:
     ns = namespace()
-    first, second = Counted(RedisEffectStore(cluster.url, namespace=ns)), Counted(
-        RedisEffectStore(cluster.url, namespace=ns)
+    first, second = (
+        Counted(RedisEffectStore(cluster.url, namespace=ns)),
+        Counted(RedisEffectStore(cluster.url, namespace=ns)),
     )
     ids = [fresh_id() for _ in range(12)]
     for i, tool_call_id in enumerate(ids):

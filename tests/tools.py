@@ -43,7 +43,9 @@ def make_tool(
         return counted.body(account=account, cents=cents)
 
     async_tool.__name__ = counted.name
-    target: Callable[..., Coroutine[Any, Any, Any]] = async_tool if tag is None else reversibility(tag)(async_tool)
+    target: Callable[..., Coroutine[Any, Any, Any]] = (
+        async_tool if tag is None else reversibility(tag)(async_tool)
+    )
     wrapped: Callable[..., Coroutine[Any, Any, Any]] = guard.wrap(target)
 
     def call(*args: Any, **kwargs: Any) -> Any:

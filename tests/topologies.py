@@ -291,7 +291,7 @@ class ClusterTopology(_Topology):
         return "redis+cluster://" + ",".join(f"{HOST}:{p.port}" for p in self.processes[:3])
 
     def client(self, **kwargs: Any) -> RedisCluster:
-        seeds = [ClusterNode(HOST, p.port) for p in self.processes if p.alive]
+        seeds = [ClusterNode(HOST, p.port) for p in self.processes if p.alive]  # type: ignore[no-untyped-call]
         return RedisCluster(startup_nodes=seeds, socket_timeout=5, **kwargs)
 
     def start(self, timeout: float = 60.0) -> Self:
@@ -301,21 +301,21 @@ class ClusterTopology(_Topology):
         clients = [p.client() for p in self.processes]
         try:
             for c, p in zip(clients, self.processes, strict=True):
-                self.ids[p.port] = c.execute_command("CLUSTER", "MYID").decode()
+                self.ids[p.port] = _cmd(c, "CLUSTER", "MYID").decode()
             per = CLUSTER_SLOTS // self.primary_count
             for i in range(self.primary_count):
                 first, last = (
                     i * per,
                     (CLUSTER_SLOTS - 1 if i == self.primary_count - 1 else (i + 1) * per - 1),
                 )
-                clients[i].execute_command("CLUSTER", "ADDSLOTSRANGE", first, last)
+                _cmd(clients[i], "CLUSTER", "ADDSLOTSRANGE", first, last)
             for c in clients[1:]:
-                c.execute_command("CLUSTER", "MEET", HOST, self.processes[0].port)
+                _cmd(c, "CLUSTER", "MEET", HOST, self.processes[0].port)
             everyone = len(self.processes)
 
             def all_known() -> bool:
                 return all(
-                    len(c.execute_command("CLUSTER", "NODES").decode().strip().splitlines()) == everyone
+                    len(_cmd(c, "CLUSTER", "NODES").decode().strip().splitlines()) == everyone
                     for c in clients
                 )
 
@@ -325,7 +325,7 @@ class ClusterTopology(_Topology):
             primaries = self.processes[: self.primary_count]
             for i, c in enumerate(clients[self.primary_count :]):
                 primary = primaries[i % self.primary_count]
-                c.execute_command("CLUSTER", "REPLICATE", self.ids[primary.port])
+                _cmd(c, "CLUSTER", "REPLICATE", self.ids[primary.port])
             self.wait_healthy(_left(deadline))
         finally:
             for c in clients:
@@ -334,7 +334,7 @@ class ClusterTopology(_Topology):
 
     def _cluster_info(self, process: RedisProcess) -> dict[str, str]:
         with process.client(socket_timeout=2) as c:
-            text = c.execute_command("CLUSTER", "INFO").decode()
+            text = _cmd(c, "CLUSTER", "INFO").decode()
         return dict(line.split(":", 1) for line in text.strip().splitlines() if ":" in line)
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
@@ -366,7 +366,7 @@ class ClusterTopology(_Topology):
         for p in self.processes:
             if p.alive:
                 with p.client() as c:
-                    return int(c.execute_command("CLUSTER", "KEYSLOT", key))
+                    return int(_cmd(c, "CLUSTER", "KEYSLOT", key))
         raise TopologyError("no cluster node is alive")
 
     def node_for_slot(self, slot: int) -> RedisProcess:
@@ -375,7 +375,7 @@ class ClusterTopology(_Topology):
             if not p.alive:
                 continue
             with p.client() as c:
-                for entry in c.execute_command("CLUSTER", "SLOTS"):
+                for entry in _cmd(c, "CLUSTER", "SLOTS"):
                     if int(entry[0]) <= slot <= int(entry[1]):
                         return self.by_port(int(entry[2][1]))
         raise TopologyError(f"no live node serves slot {slot}")
@@ -418,9 +418,7 @@ class ClusterTopology(_Topology):
     def _slots_of(self, process: RedisProcess) -> list[tuple[int, int]]:
         with process.client() as c:
             return [
-                (int(s[0]), int(s[1]))
-                for s in c.execute_command("CLUSTER", "SLOTS")
-                if int(s[2][1]) == process.port
+                (int(s[0]), int(s[1])) for s in _cmd(c, "CLUSTER", "SLOTS") if int(s[2][1]) == process.port
             ]
 
 
@@ -506,7 +504,7 @@ class SentinelTopology(_Topology):
     @staticmethod
     def _link_up(process: RedisProcess) -> bool:
         with process.client() as c:
-            return c.info("replication").get("master_link_status") == "up"
+            return bool(c.info("replication").get("master_link_status") == "up")
 
     def current_primary(self) -> RedisProcess:
         """The data node that the (first live) sentinel names as primary."""
@@ -514,7 +512,7 @@ class SentinelTopology(_Topology):
             if not s.alive:
                 continue
             with s.client() as c:
-                host, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                _, port = _cmd(c, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
             return self.primary if int(port) == self.primary.port else self.replica
         raise TopologyError("no sentinel is alive")
 
@@ -529,7 +527,7 @@ class SentinelTopology(_Topology):
             if self.current_primary() is not new:
                 return False
             with new.client() as c:
-                return c.info("replication").get("role") == "master"
+                return bool(c.info("replication").get("role") == "master")
 
         wait_until(f"the sentinels to promote {new.name}", promoted, timeout, on_fail=self.logs())
         return new
@@ -702,6 +700,10 @@ def private(topology: TopologyT) -> Iterator[TopologyT]:
     """A topology of the test's own (for tests that kill, restart or reconfigure servers)."""
     with topology:
         yield topology
+
+
+def _cmd(client: redis.Redis, *args: Any) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def _left(deadline: float) -> float:

@@ -73,12 +73,8 @@ def parse_url(url: str) -> RedisURL:
         known = ", ".join(s + "://" for s in SINGLE_SCHEMES + CLUSTER_SCHEMES + SENTINEL_SCHEMES)
         raise ValueError(f"unsupported Redis URL scheme {scheme + '://'!r}; use one of {known}")
     rest = url.split("://", 1)[1]
-    netloc, _, path_query = rest.partition("/")
-    if "?" in netloc:  # redis+cluster://h:p?ssl_ca_certs=... (no path)
-        netloc, _, query = netloc.partition("?")
-        path = ""
-    else:
-        path, _, query = path_query.partition("?")
+    rest, _, query = rest.partition("?")
+    netloc, _, path = rest.partition("/")
     username = password = None
     if "@" in netloc:
         userinfo, _, netloc = netloc.rpartition("@")
