@@ -53,10 +53,16 @@ def current_idempotency_key() -> str | None:
     return _running_key.get()
 
 
-@contextmanager
-def running_key(key: str | None) -> Iterator[None]:
-    token = _running_key.set(key)
-    try:
-        yield
-    finally:
-        _running_key.reset(token)
+class running_key:
+    """Expose ``key`` as the running call's idempotency key inside the block."""
+
+    __slots__ = ("_key", "_token")
+
+    def __init__(self, key: str | None) -> None:
+        self._key = key
+
+    def __enter__(self) -> None:
+        self._token = _running_key.set(self._key)
+
+    def __exit__(self, *exc: object) -> None:
+        _running_key.reset(self._token)

@@ -130,8 +130,14 @@ def _dump(value: Any) -> str:
 
 def canonical_arguments(arguments: Mapping[str, Any]) -> str:
     """Return the canonical JSON text of a call's arguments (by name)."""
-    if not all(type(k) is str for k in arguments):
-        raise CanonicalizationError("argument names must be strings")
+    plain = True
+    for name, value in arguments.items():
+        if type(name) is not str:
+            raise CanonicalizationError("argument names must be strings")
+        if type(value) not in _SCALARS or name[:1] == "$":
+            plain = False
+    if plain:  # the common case: flat str/int/bool/None arguments are their own canonical form
+        return _dump(arguments)
     return _dump({_escape_key(k): _canon(v, k, set()) for k, v in arguments.items()})
 
 
@@ -155,18 +161,51 @@ class ArgumentBinder:
 
     ``**kwargs`` items keep their own names; a call that does not fit the signature falls back to
     the keywords plus positional slots named ``$0``, ``$1``, ...
+    A signature of plain parameters (no ``*args``, ``**kwargs`` or positional-only ones) is bound
+    by a direct path; any other, or a call the direct path cannot place, goes through
+    ``inspect.Signature.bind``.
     """
 
-    __slots__ = ("_signature",)
+    __slots__ = ("_defaults", "_names", "_positional", "_signature")
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         try:
             self._signature: inspect.Signature | None = inspect.signature(fn)
         except (TypeError, ValueError):
             self._signature = None
+        self._positional: tuple[str, ...] | None = None
+        self._names: frozenset[str] = frozenset()
+        self._defaults: tuple[tuple[str, Any], ...] = ()
+        if self._signature is not None:
+            parameters = self._signature.parameters.values()
+            simple = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            if all(p.kind in simple for p in parameters):
+                self._positional = tuple(
+                    p.name for p in parameters if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+                )
+                self._names = frozenset(p.name for p in parameters)
+                self._defaults = tuple((p.name, p.default) for p in parameters if p.default is not p.empty)
 
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
         """Return (arguments by name with defaults, names the caller passed)."""
+        positional = self._positional
+        if positional is not None and len(args) <= len(positional):
+            result = dict(zip(positional, args, strict=False))
+            for name, value in kwargs.items():
+                if name in result or name not in self._names:
+                    return self._bind_slowly(args, kwargs)
+                result[name] = value
+            passed = frozenset(result)
+            for name, default in self._defaults:
+                if name not in result:
+                    result[name] = default
+            if len(result) == len(self._names):
+                return result, passed
+        return self._bind_slowly(args, kwargs)
+
+    def _bind_slowly(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], frozenset[str]]:
         if self._signature is None:
             return _unbound(args, kwargs)
         try:

@@ -29,8 +29,13 @@ def is_deferred(value: Any) -> bool:
     )
 
 
+_PLAIN_RESULTS = frozenset({dict, list, tuple, str, bytes, int, float, bool, type(None), set, frozenset})
+
+
 def settlement_for_return(value: Any) -> Settlement | None:
     """None: commit the value. UNKNOWN: the result is deferred, its effect comes later."""
+    if type(value) in _PLAIN_RESULTS:
+        return None
     return Settlement.UNKNOWN if is_deferred(value) else None
 
 

@@ -8,6 +8,7 @@ evenly over the slots.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 
 DEFAULT_NAMESPACE = "airlock:effect"
 _TAG_HEX = 16
@@ -29,6 +30,7 @@ def slot_tag(tool_call_id: str) -> str:
     return hashlib.sha256(tool_call_id.encode("utf-8")).hexdigest()[:_TAG_HEX]
 
 
+@lru_cache(maxsize=4096)  # begin and commit of one call name the same key
 def record_key(namespace: str, tool_call_id: str) -> bytes:
     return f"{namespace}:{{{slot_tag(tool_call_id)}}}:{tool_call_id}".encode()
 

@@ -6,7 +6,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 
 from ..core.records import (
     BeginKind,
@@ -21,10 +20,43 @@ from .base import check_verdict
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, StatusTTLs
 
 
-@dataclass(slots=True)
-class _Entry:
-    record: Record
-    expires_at: float  # on the store's clock, seconds
+class _Row:
+    """One call's record, changed in place under the store's lock."""
+
+    __slots__ = (
+        "attempt",
+        "begun_ms",
+        "committed_ms",
+        "expires_at",
+        "key",
+        "mac",
+        "owner",
+        "status",
+        "stored",
+        "tool",
+        "value",
+    )
+
+    def __init__(self, request: BeginRequest, now_ms: int) -> None:
+        self.status = Status.PENDING
+        self.key = request.idempotency_key
+        self.tool = request.tool
+        self.owner = request.token
+        self.attempt = 1
+        self.value: bytes | None = None
+        self.stored = False
+        self.mac: bytes | None = None
+        self.begun_ms = now_ms
+        self.committed_ms: int | None = None
+        self.expires_at = 0.0  # on the store's clock, seconds
+
+    def commit(self, owner: str, value: bytes | None, mac: bytes | None, now_ms: int) -> None:
+        self.status = Status.COMMITTED
+        self.owner = owner
+        self.value = value
+        self.stored = value is not None
+        self.mac = mac
+        self.committed_ms = now_ms
 
 
 class InMemoryEffectStore:
@@ -41,22 +73,23 @@ class InMemoryEffectStore:
     ) -> None:
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
         self._clock = clock
-        self._entries: dict[str, _Entry] = {}
+        self._rows: dict[str, _Row] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"InMemoryEffectStore(records={len(self._entries)})"
+        return f"InMemoryEffectStore(records={len(self._rows)})"
 
     # -- helpers (call with the lock held) -------------------------------------------------------
-    def _live(self, tool_call_id: str) -> _Entry | None:
-        entry = self._entries.get(tool_call_id)
-        if entry is not None and entry.expires_at <= self._clock():
-            del self._entries[tool_call_id]
+    def _live(self, tool_call_id: str) -> _Row | None:
+        row = self._rows.get(tool_call_id)
+        if row is not None and row.expires_at <= self._clock():
+            del self._rows[tool_call_id]
             return None
-        return entry
+        return row
 
-    def _put(self, record: Record) -> None:
-        self._entries[record.tool_call_id] = _Entry(record, self._clock() + self.ttls.seconds(record.status))
+    def _keep(self, row: _Row) -> None:
+        """Restart the row's TTL for its (new) status."""
+        row.expires_at = self._clock() + self.ttls.seconds(row.status)
 
     @staticmethod
     def _now_ms() -> int:
@@ -65,97 +98,75 @@ class InMemoryEffectStore:
     # -- the transitions -------------------------------------------------------------------------
     def begin(self, request: BeginRequest) -> BeginOutcome:
         with self._lock:
-            entry = self._live(request.tool_call_id)
-            if entry is None:
-                self._put(
-                    Record(
-                        tool_call_id=request.tool_call_id,
-                        status=Status.PENDING,
-                        idempotency_key=request.idempotency_key,
-                        tool=request.tool,
-                        owner=request.token,
-                        attempt=1,
-                        value=None,
-                        stored=False,
-                        mac=None,
-                        begun_ms=self._now_ms(),
-                        committed_ms=None,
-                        ttl_ms=None,
-                    )
-                )
+            row = self._live(request.tool_call_id)
+            if row is None:
+                row = self._rows[request.tool_call_id] = _Row(request, self._now_ms())
+                self._keep(row)
                 return BeginOutcome(BeginKind.STARTED, attempt=1)
-            record = entry.record
-            if record.idempotency_key != request.idempotency_key or record.tool != request.tool:
-                return BeginOutcome(
-                    BeginKind.MISMATCH,
-                    record.attempt,
-                    tool=record.tool,
-                    idempotency_key=record.idempotency_key,
-                )
-            if record.status is Status.COMMITTED:
-                value = record.value if record.stored else None
-                return BeginOutcome(BeginKind.COMMITTED, record.attempt, value=value, mac=record.mac)
-            if record.owner == request.token and record.status is Status.PENDING:
-                return BeginOutcome(BeginKind.STARTED, record.attempt)
+            if row.key != request.idempotency_key or row.tool != request.tool:
+                return BeginOutcome(BeginKind.MISMATCH, row.attempt, tool=row.tool, idempotency_key=row.key)
+            if row.status is Status.COMMITTED:
+                value = row.value if row.stored else None
+                return BeginOutcome(BeginKind.COMMITTED, row.attempt, value=value, mac=row.mac)
+            if row.owner == request.token and row.status is Status.PENDING:
+                return BeginOutcome(BeginKind.STARTED, row.attempt)
             if request.reversible:
-                attempt = record.attempt + 1
-                self._put(
-                    replace(
-                        record,
-                        status=Status.PENDING,
-                        owner=request.token,
-                        attempt=attempt,
-                        begun_ms=self._now_ms(),
-                    )
-                )
-                return BeginOutcome(BeginKind.STARTED, attempt)
-            return BeginOutcome(BeginKind(record.status.value), record.attempt)
+                row.status = Status.PENDING
+                row.owner = request.token
+                row.attempt += 1
+                row.begun_ms = self._now_ms()
+                self._keep(row)
+                return BeginOutcome(BeginKind.STARTED, row.attempt)
+            return BeginOutcome(BeginKind(row.status.value), row.attempt)
 
     def commit(
         self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         with self._lock:
-            entry = self._live(tool_call_id)
-            if entry is None:
+            row = self._live(tool_call_id)
+            if row is None:
                 return TransitionResult.MISSING
-            record = entry.record
-            if record.owner != token:
+            if row.owner != token:
                 return TransitionResult.SUPERSEDED
-            if record.status is not Status.COMMITTED:
-                self._put(
-                    replace(
-                        record,
-                        status=Status.COMMITTED,
-                        value=value,
-                        stored=value is not None,
-                        mac=mac,
-                        committed_ms=self._now_ms(),
-                    )
-                )
+            if row.status is not Status.COMMITTED:
+                row.commit(token, value, mac, self._now_ms())
+                self._keep(row)
             return TransitionResult.OK
 
     def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
         with self._lock:
-            entry = self._live(tool_call_id)
-            if entry is None:
+            row = self._live(tool_call_id)
+            if row is None:
                 return TransitionResult.MISSING
-            record = entry.record
-            if record.owner != token:
+            if row.owner != token:
                 return TransitionResult.SUPERSEDED
-            if record.status is Status.PENDING:
+            if row.status is Status.PENDING:
                 if settlement is Settlement.RELEASE:
-                    del self._entries[tool_call_id]
+                    del self._rows[tool_call_id]
                 else:
-                    self._put(replace(record, status=Status.UNKNOWN))
+                    row.status = Status.UNKNOWN
+                    self._keep(row)
             return TransitionResult.OK
 
     def get(self, tool_call_id: str) -> Record | None:
         with self._lock:
-            entry = self._live(tool_call_id)
-            if entry is None:
+            row = self._live(tool_call_id)
+            if row is None:
                 return None
-            remaining = max(0, round((entry.expires_at - self._clock()) * 1000))
-            return replace(entry.record, ttl_ms=remaining)
+            return Record(
+                tool_call_id=tool_call_id,
+                status=row.status,
+                idempotency_key=row.key,
+                tool=row.tool,
+                owner=row.owner,
+                attempt=row.attempt,
+                value=row.value,
+                stored=row.stored,
+                mac=row.mac,
+                begun_ms=row.begun_ms,
+                committed_ms=row.committed_ms,
+                ttl_ms=max(0, round((row.expires_at - self._clock()) * 1000)),
+            )
 
     def resolve(
         self,
@@ -168,29 +179,21 @@ class InMemoryEffectStore:
     ) -> TransitionResult:
         verdict = check_verdict(verdict)
         with self._lock:
-            entry = self._live(tool_call_id)
-            if entry is None:
+            row = self._live(tool_call_id)
+            if row is None:
                 return TransitionResult.MISSING
-            record = entry.record
-            if expect_key is not None and record.idempotency_key != expect_key:
+            if expect_key is not None and row.key != expect_key:
                 return TransitionResult.MISMATCH
             if verdict is Settlement.RELEASE:
-                del self._entries[tool_call_id]
+                del self._rows[tool_call_id]
                 return TransitionResult.OK
             owner = "operator:" + secrets.token_hex(8)
             if verdict is Status.COMMITTED:
-                record = replace(
-                    record,
-                    status=Status.COMMITTED,
-                    owner=owner,
-                    value=value,
-                    stored=value is not None,
-                    mac=mac,
-                    committed_ms=self._now_ms(),
-                )
+                row.commit(owner, value, mac, self._now_ms())
             else:
-                record = replace(record, status=Status.UNKNOWN, owner=owner)
-            self._put(record)
+                row.status = Status.UNKNOWN
+                row.owner = owner
+            self._keep(row)
             return TransitionResult.OK
 
     # -- the same, for coroutines (nothing here blocks) ------------------------------------------

@@ -14,13 +14,13 @@ import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aredis
 from redis.cluster import RedisCluster
-from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoScriptError
 
 from ..core.errors import CorruptRecordError, StoreError
 from ..core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
@@ -75,6 +75,9 @@ class RedisEffectStore:
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
+        self._pending_ms = str(self.ttls.millis(Status.PENDING)).encode()
+        self._committed_ms = str(self.ttls.millis(Status.COMMITTED)).encode()
+        self._unknown_ms = str(self.ttls.millis(Status.UNKNOWN)).encode()
         if url is None and client is None and async_client is None:
             url = DEFAULT_URL
         self.url = url
@@ -94,7 +97,6 @@ class RedisEffectStore:
                     "(create the client with decode_responses=False)"
                 )
         self._client: SyncClient | None = client
-        self._sync_scripts: dict[str, Script] = {}
         self._async_factory = self._pick_async_factory(async_client)
         # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
         # connections refer to their loop, so weak keys would never be freed. Each client we made is
@@ -223,12 +225,6 @@ class RedisEffectStore:
             wait.remember(request.token, acks)
         return outcome
 
-    def _script(self, name: str) -> Script:
-        script = self._sync_scripts.get(name)
-        if script is None:
-            script = self._sync_scripts[name] = self.client.register_script(script_source(name))
-        return script
-
     def async_client(self) -> AsyncClient:
         """The asyncio client for the running event loop (one per loop: asyncio clients are loop-bound)."""
         return self._loop_client().client
@@ -269,13 +265,6 @@ class RedisEffectStore:
                 if held.closer is not None:
                     _step(held.closer.aclose())  # the loop is gone: end the hook without awaiting
 
-    def _ascript(self, name: str) -> AsyncScript:
-        held = self._loop_client()
-        script = held.scripts.get(name)
-        if script is None:
-            script = held.scripts[name] = held.client.register_script(script_source(name))
-        return script
-
     def key(self, tool_call_id: str) -> bytes:
         return record_key(self.namespace, tool_call_id)
 
@@ -285,24 +274,18 @@ class RedisEffectStore:
             request.idempotency_key,
             request.tool,
             request.token,
-            "1" if request.reversible else "0",
-            self.ttls.millis(Status.PENDING),
+            b"1" if request.reversible else b"0",
+            self._pending_ms,
             _now_ms(),
         ]
 
     def _commit_args(self, token: str, value: bytes | None, mac: bytes | None) -> list[Any]:
-        stored = value is not None
-        return [
-            token,
-            "1" if stored else "0",
-            value or b"",
-            mac or b"",
-            self.ttls.millis(Status.COMMITTED),
-            _now_ms(),
-        ]
+        if value is None:
+            return [token, b"0", b"", mac or b"", self._committed_ms, _now_ms()]
+        return [token, b"1", value, mac or b"", self._committed_ms, _now_ms()]
 
     def _settle_args(self, token: str, settlement: Settlement) -> list[Any]:
-        return [token, settlement.value, self.ttls.millis(Status.UNKNOWN)]
+        return [token, settlement.value, self._unknown_ms]
 
     def _resolve_args(
         self, verdict: Status | Settlement, expect_key: str | None, value: bytes | None, mac: bytes | None
@@ -320,7 +303,18 @@ class RedisEffectStore:
 
     # -- blocking operations ---------------------------------------------------------------------
     def _run(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
-        return _guarded(lambda: self._script(name)(keys=[self.key(tool_call_id)], args=args))
+        """EVALSHA the script on the record's key, loading it once on NOSCRIPT (after a restart,
+        a failover or SCRIPT FLUSH). Straight to the client: no Script object in the hot path."""
+        client = self.client
+        key = self.key(tool_call_id)
+        try:
+            try:
+                return client.evalsha(_SHAS[name], 1, key, *args)
+            except NoScriptError:
+                client.script_load(script_source(name))
+                return client.evalsha(_SHAS[name], 1, key, *args)
+        except _REDIS_FAILURES as exc:
+            raise _failure(exc) from exc
 
     def begin(self, request: BeginRequest) -> BeginOutcome:
         if not self._facts_checked:
@@ -375,7 +369,17 @@ class RedisEffectStore:
 
     # -- coroutine operations --------------------------------------------------------------------
     async def _arun(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
-        return await _aguarded(lambda: self._ascript(name)(keys=[self.key(tool_call_id)], args=args))
+        """Coroutine form of :meth:`_run`."""
+        client = self.async_client()
+        key = self.key(tool_call_id)
+        try:
+            try:
+                return await client.evalsha(_SHAS[name], 1, key, *args)
+            except NoScriptError:
+                await client.script_load(script_source(name))
+                return await client.evalsha(_SHAS[name], 1, key, *args)
+        except _REDIS_FAILURES as exc:
+            raise _failure(exc) from exc
 
     async def abegin(self, request: BeginRequest) -> BeginOutcome:
         if not self._facts_checked:
@@ -437,7 +441,6 @@ class _LoopClient:
     """One event loop's asyncio client, its registered scripts, and the hook that closes it."""
 
     client: AsyncClient
-    scripts: dict[str, AsyncScript] = field(default_factory=dict)
     closer: AsyncGenerator[None, None] | None = None
 
 
@@ -497,6 +500,9 @@ def async_twin_factory(client: redis.Redis) -> Callable[[], aredis.Redis] | None
 
 def _sha(source: str) -> str:
     return hashlib.sha1(source.encode("utf-8")).hexdigest()
+
+
+_SHAS = {name: _sha(script_source(name)) for name in SCRIPT_NAMES}
 
 
 def _is_factory(value: Any) -> bool:
