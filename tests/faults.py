@@ -43,6 +43,7 @@ from airlock_redis import (
     reversibility,
     tool_call_context,
 )
+from airlock_redis.core.reversibility import ReversibilityName
 from tests.procs import parse_request
 from tests.topologies import ClusterTopology, RedisProcess, SentinelTopology, wait_until
 
@@ -308,7 +309,9 @@ class History:
             "ids_run_twice": sum(1 for n in runs.values() if n > 1),
         }
 
-    def report(self, title: str, phase: str | None = None, ids: Iterable[str] | None = None) -> dict[str, Any]:
+    def report(
+        self, title: str, phase: str | None = None, ids: Iterable[str] | None = None
+    ) -> dict[str, Any]:
         measured = self.summary(phase, ids)
         print(f"\n[fault-measure] {title}: {json.dumps(measured, sort_keys=True)}", flush=True)
         return measured
@@ -334,12 +337,16 @@ class Tools:
         self.guard = EffectGuard(store=store)
         self.sync: dict[str, Callable[..., Any]] = {}
         self.asynchronous: dict[str, Callable[..., Any]] = {}
-        tags = {"transfer": "irreversible", "send_sms": "costly", "refresh": "reversible"}
+        tags: dict[str, ReversibilityName] = {
+            "transfer": "irreversible",
+            "send_sms": "costly",
+            "refresh": "reversible",
+        }
         for name, tag in tags.items():
             self.sync[name], self.asynchronous[name] = self._make(name, tag, during)
 
     def _make(
-        self, name: str, tag: str, during: Callable[[str], None]
+        self, name: str, tag: ReversibilityName, during: Callable[[str], None]
     ) -> tuple[Callable[..., Any], Callable[..., Any]]:
         history = self.history
 
@@ -355,11 +362,13 @@ class Tools:
             await asyncio.sleep(0)
             return body(account, cents)
 
-        sync_tool = reversibility(tag)(body)  # type: ignore[arg-type]
-        async_tool = reversibility(tag)(abody)  # type: ignore[arg-type]
+        sync_tool = reversibility(tag)(body)
+        async_tool = reversibility(tag)(abody)
         return self.guard.wrap(sync_tool, name=name), self.guard.wrap(async_tool, name=name)
 
-    def call(self, tool_call_id: str, *, tool: str = "transfer", kind: str = "sync", phase: str = "first") -> Outcome:
+    def call(
+        self, tool_call_id: str, *, tool: str = "transfer", kind: str = "sync", phase: str = "first"
+    ) -> Outcome:
         outcome = self._outcome(tool_call_id, tool, kind, phase)
         self.history.note(outcome)
         return outcome
@@ -372,7 +381,7 @@ class Tools:
                 value = await self.asynchronous[tool](**args_for(tool_call_id))
         except EffectRefused as refused:
             outcome = Outcome(tool_call_id, tool, phase, f"refused:{refused.reason}", str(refused)[:200])
-        except Exception as exc:  # noqa: BLE001 - counted, and the tests look at them
+        except Exception as exc:
             outcome = Outcome(tool_call_id, tool, phase, f"error:{type(exc).__name__}", str(exc)[:200])
         else:
             outcome = Outcome(tool_call_id, tool, phase, "executed" if value["call"] == nonce else "replayed")
@@ -398,7 +407,7 @@ class Tools:
                 return asyncio.run(one())
             except EffectRefused as refused:
                 return Outcome(tool_call_id, tool, phase, f"refused:{refused.reason}", str(refused)[:200])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 return Outcome(tool_call_id, tool, phase, f"error:{type(exc).__name__}", str(exc)[:200])
         nonce = secrets.token_hex(8)
         token = _CALL.set(nonce)
@@ -408,7 +417,7 @@ class Tools:
             return _classified(tool_call_id, tool, phase, value, nonce)
         except EffectRefused as refused:
             return Outcome(tool_call_id, tool, phase, f"refused:{refused.reason}", str(refused)[:200])
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             return Outcome(tool_call_id, tool, phase, f"error:{type(exc).__name__}", str(exc)[:200])
         finally:
             _CALL.reset(token)
@@ -421,10 +430,12 @@ def _classified(tool_call_id: str, tool: str, phase: str, value: Any, nonce: str
 
 # -- Cluster and Sentinel helpers ------------------------------------------------------------------
 def slots_served_by(cluster: ClusterTopology, node: RedisProcess) -> list[tuple[int, int]]:
-    return cluster._slots_of(node)  # noqa: SLF001 - the topology's own reading of CLUSTER SLOTS
+    return cluster._slots_of(node)  # the topology's reading of CLUSTER SLOTS
 
 
-def ids_on_node(cluster: ClusterTopology, node: RedisProcess, store: RedisEffectStore, count: int, prefix: str) -> list[str]:
+def ids_on_node(
+    cluster: ClusterTopology, node: RedisProcess, store: RedisEffectStore, count: int, prefix: str
+) -> list[str]:
     """``count`` fresh tool_call_ids whose records live on ``node`` (a primary)."""
     ranges = slots_served_by(cluster, node)
     found: list[str] = []
@@ -439,18 +450,27 @@ def ids_on_node(cluster: ClusterTopology, node: RedisProcess, store: RedisEffect
 
 
 def wait_cluster_takeover(
-    cluster: ClusterTopology, old: RedisProcess, candidates: list[RedisProcess], slot: int, timeout: float = 60.0
+    cluster: ClusterTopology,
+    old: RedisProcess,
+    candidates: list[RedisProcess],
+    slot: int,
+    timeout: float = 60.0,
 ) -> RedisProcess:
     """After ``old`` died: wait until one of ``candidates`` (its replicas) serves ``slot`` as a primary."""
 
     def promoted() -> RedisProcess | None:
         for node in candidates:
-            if node.alive and cluster.role(node) == "master":
-                if any(first <= slot <= last for first, last in slots_served_by(cluster, node)):
-                    return node
+            if (
+                node.alive
+                and cluster.role(node) == "master"
+                and any(first <= slot <= last for first, last in slots_served_by(cluster, node))
+            ):
+                return node
         return None
 
-    return wait_until(f"a replica of {old.name} to take over slot {slot}", promoted, timeout, on_fail=cluster.logs())
+    return wait_until(
+        f"a replica of {old.name} to take over slot {slot}", promoted, timeout, on_fail=cluster.logs()
+    )
 
 
 def wait_synced_replica(node: RedisProcess, primary: RedisProcess, timeout: float = 60.0) -> None:
@@ -470,13 +490,16 @@ def wait_synced_replica(node: RedisProcess, primary: RedisProcess, timeout: floa
 
 
 def restore_sentinel_replica(topology: SentinelTopology, old: RedisProcess, new: RedisProcess) -> None:
-    """Restart the killed old primary; the sentinels turn it into a replica of the new one."""
+    """Restart the killed old primary as a replica of the new one (what the sentinels would tell it,
+    seconds later: they convert a returning old primary only after their next checks)."""
     old.start()
+    with old.client() as c:
+        c.replicaof(HOST, new.port)
     wait_synced_replica(old, new)
 
 
 # -- the load worker (runs in a spawned process) ---------------------------------------------------
-def load_worker(
+def load_worker(  # noqa: PLR0917 - multiprocessing passes positional arguments
     url: str,
     namespace: str,
     worker: int,
@@ -494,7 +517,12 @@ def load_worker(
     """
     rng = random.Random(seed)
     store = RedisEffectStore(
-        url, namespace=namespace, wait_replicas=1, wait_timeout=1.0, socket_timeout=1.0, socket_connect_timeout=1.0
+        url,
+        namespace=namespace,
+        wait_replicas=1,
+        wait_timeout=1.0,
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
     )
     history = History()
     executions: list[tuple[str, str, float]] = []

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ import redis
 
 from airlock_redis import RedisEffectStore
 from airlock_redis.core.records import Status
+from airlock_redis.embedded import EmbeddedRedis
 
 from .faults import (
     History,
@@ -37,11 +39,11 @@ from .faults import (
 from .topo_helpers import namespace
 from .topologies import ClusterTopology, RedisProcess, SentinelTopology, redis_binary, wait_until
 
-pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
+pytestmark = pytest.mark.redis_server
 
 K = 6  # calls per store kind (half sync, half async) in flight when the primary dies
 ONCE = ("replayed", "refused:effect_status_unknown")
-TIMEOUTS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+TIMEOUTS: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 
 
 class InFlight:
@@ -61,7 +63,9 @@ class InFlight:
 
 def run_calls(jobs: list[tuple[Tools, str, str]], phase: str) -> list[threading.Thread]:
     threads = [
-        threading.Thread(target=tools.call, args=(tool_call_id,), kwargs={"kind": kind, "phase": phase}, daemon=True)
+        threading.Thread(
+            target=tools.call, args=(tool_call_id,), kwargs={"kind": kind, "phase": phase}, daemon=True
+        )
         for tools, tool_call_id, kind in jobs
     ]
     for thread in threads:
@@ -75,7 +79,7 @@ def join(threads: list[threading.Thread], timeout: float = 120.0) -> None:
         assert not thread.is_alive(), "a call did not finish (bounded test)"
 
 
-def kill_between_begin_and_commit(
+def kill_between_begin_and_commit(  # noqa: PLR0917
     url: str,
     ns: str,
     waited_ids: list[str],
@@ -88,7 +92,11 @@ def kill_between_begin_and_commit(
 ) -> tuple[History, dict[str, Any]]:
     """Start every call, kill the primary inside the tool bodies, recover, retry every id twice."""
     history, flight = History(), InFlight()
-    waited = Tools(RedisEffectStore(url, namespace=ns, wait_replicas=1, wait_timeout=3.0, **TIMEOUTS), history, flight.during)
+    waited = Tools(
+        RedisEffectStore(url, namespace=ns, wait_replicas=1, wait_timeout=1.0, **TIMEOUTS),
+        history,
+        flight.during,
+    )
     plain = Tools(RedisEffectStore(url, namespace=ns, **TIMEOUTS), history, flight.during)
     kinds = ("sync", "async")
     jobs = [(waited, i, kinds[n % 2]) for n, i in enumerate(waited_ids)]
@@ -101,10 +109,13 @@ def kill_between_begin_and_commit(
     )
     if expect_started:
         assert flight.started == len(jobs), history.outcomes
+    killed_at = time.monotonic()
     kill()  # SIGKILL: between every started call's begin and its commit
     flight.killed.set()
     join(threads)
+    commits_done = time.monotonic()
     recover()
+    recovered = time.monotonic()
 
     fresh_store = RedisEffectStore(url, namespace=ns, **TIMEOUTS)
     statuses = {}
@@ -112,7 +123,9 @@ def kill_between_begin_and_commit(
         record = fresh_store.get(tool_call_id)
         statuses[tool_call_id] = record.status.value if record is not None else "lost"
     # retries: the same store objects (stale connections) and fresh ones (another process), sync and async
-    fresh_waited = Tools(RedisEffectStore(url, namespace=ns, wait_replicas=1, wait_timeout=3.0, **TIMEOUTS), history)
+    fresh_waited = Tools(
+        RedisEffectStore(url, namespace=ns, wait_replicas=1, wait_timeout=1.0, **TIMEOUTS), history
+    )
     fresh_plain = Tools(RedisEffectStore(url, namespace=ns, **TIMEOUTS), history)
     for n, tool_call_id in enumerate(waited_ids):
         waited.call(tool_call_id, kind=kinds[n % 2], phase="retry")
@@ -129,13 +142,21 @@ def kill_between_begin_and_commit(
             "wait_replicas=1": dict(_count(statuses[i] for i in waited_ids)),
             "none": dict(_count(statuses[i] for i in plain_ids)),
         },
+        "seconds": {
+            "kill_to_commits_given_up_or_landed": round(commits_done - killed_at, 1),
+            "to_failover_and_replica_back": round(recovered - killed_at, 1),
+        },
         "retries_that_ran_again": {
             "wait_replicas=1": sum(1 for i in waited_ids if history.runs[i] > 1),
             "none": sum(1 for i in plain_ids if history.runs[i] > 1),
         },
     }
-    print(f"[fault-measure] {title}: records after failover {measured['records_after_failover']}, "
-          f"retries that ran the tool again {measured['retries_that_ran_again']}", flush=True)
+    print(
+        f"[fault-measure] {title}: records after failover {measured['records_after_failover']}, "
+        f"retries that ran the tool again {measured['retries_that_ran_again']}, "
+        f"seconds {measured['seconds']}",
+        flush=True,
+    )
     return history, measured
 
 
@@ -163,7 +184,33 @@ def assert_the_window_was_measured(history: History, plain_ids: list[str]) -> No
     assert all(history.runs[i] <= 2 for i in plain_ids)
 
 
+# -- WAIT must not outlast the socket --------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_wait_timeout_as_long_as_the_socket_timeout_still_refuses_cleanly(
+    redis_server: EmbeddedRedis, kind: str
+) -> None:
+    """No replica acknowledges (this server has none) and wait_timeout == socket_timeout: the refusal
+    names the missing acknowledgement and the record is released, so a retry is not refused as
+    effect_status_unknown for a call that never ran (before the fix, the socket timed out first)."""
+    ns = namespace()
+    store = RedisEffectStore(
+        redis_server.url, namespace=ns, wait_replicas=1, wait_timeout=0.3, socket_timeout=0.3
+    )
+    store.load_scripts()
+    history = History()
+    tools = Tools(store, history)
+    first = tools.call("wait-vs-socket", kind=kind)
+    retry = tools.call("wait-vs-socket", kind=kind, phase="retry")
+    history.report(f"wait_timeout == socket_timeout, no replica ({kind})")
+    for outcome in (first, retry):
+        assert outcome.result == "refused:store_unavailable", outcome
+        assert "only 0 of the 1 replicas" in outcome.detail
+    assert history.runs["wait-vs-socket"] == 0
+    assert store.get("wait-vs-socket") is None
+
+
 # -- Sentinel ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_sentinel_primary_killed_between_begin_and_commit() -> None:
     redis_binary()
     with SentinelTopology() as topology:
@@ -179,7 +226,13 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
             restore_sentinel_replica(topology, old, new)
 
         history, _ = kill_between_begin_and_commit(
-            topology.url, ns, waited_ids, plain_ids, old.kill, recover, "sentinel kill -9 between begin and commit"
+            topology.url,
+            ns,
+            waited_ids,
+            plain_ids,
+            old.kill,
+            recover,
+            "sentinel kill -9 between begin and commit",
         )
         assert_never_twice_with_wait_replicas(history, waited_ids)
         assert_the_window_was_measured(history, plain_ids)
@@ -219,17 +272,22 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
             )
         finally:
             if replica.alive:
-                replica.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+                replica.process.send_signal(signal.SIGCONT)
         # wait_replicas=1: the replica could not acknowledge, so no tool ran before the kill
         firsts = [o.result for i in lag_waited for o in lag_history.of(i) if o.phase == "first"]
         assert firsts == ["refused:store_unavailable"] * K, firsts
         assert all(lag_history.runs[i] <= 1 for i in lag_waited)
         assert_the_window_was_measured(lag_history, lag_plain)
-        print(f"[fault-measure] lagging replica, no wait_replicas: {measured['retries_that_ran_again']['none']} "
-              f"of {K} retries ran the tool again (the record was lost with the primary)", flush=True)
+        print(
+            "[fault-measure] lagging replica, no wait_replicas: "
+            f"{measured['retries_that_ran_again']['none']} "
+            f"of {K} retries ran the tool again (the record was lost with the primary)",
+            flush=True,
+        )
 
 
 # -- Cluster -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_cluster_primary_killed_between_begin_and_commit() -> None:
     redis_binary()
     with ClusterTopology() as cluster:
@@ -248,7 +306,13 @@ def test_cluster_primary_killed_between_begin_and_commit() -> None:
             cluster.wait_healthy(60)
 
         history, _ = kill_between_begin_and_commit(
-            cluster.url, ns, waited_ids, plain_ids, target.kill, recover, "cluster kill -9 between begin and commit"
+            cluster.url,
+            ns,
+            waited_ids,
+            plain_ids,
+            target.kill,
+            recover,
+            "cluster kill -9 between begin and commit",
         )
         assert_never_twice_with_wait_replicas(history, waited_ids)
         assert_the_window_was_measured(history, plain_ids)

@@ -86,6 +86,11 @@ class RedisEffectStore:
         self._replica_wait = ReplicaWait(wait_replicas, wait_timeout) if wait_replicas else None
         self._facts: ServerFacts | None = None
         self._facts_checked = False
+        if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
+            # WAIT holds its connection up to wait_timeout: a read timeout no longer than that cuts
+            # every WAIT that must wait, and begin fails with a socket timeout after it wrote a pending
+            # record that is then never released (the tool did not run, yet retries are refused).
+            socket_timeout = wait_timeout + 1.0
         self._timeouts: dict[str, Any] = {
             "socket_timeout": socket_timeout,
             "socket_connect_timeout": socket_connect_timeout,
