@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import run_state_machine_as_test as _run_machine
 
 from airlock_redis import EffectStore, InMemoryEffectStore, RedisEffectStore
 from airlock_redis.core.records import (
@@ -37,6 +38,9 @@ KEYS = ("a" * 64, "b" * 64)
 TOOL = "charge"
 TTL = {Status.COMMITTED: 10.0, Status.PENDING: 100.0, Status.UNKNOWN: 100.0}
 OPERATOR = "operator"
+
+# Typed, whichever hypothesis release is installed (some annotate it, some do not).
+run_machine: Callable[..., None] = _run_machine
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,7 @@ def test_in_memory_store_matches_the_model() -> None:
     machine = type(
         "MemoryMachine", (StoreMachine,), {"make_store": staticmethod(make), "expire": staticmethod(expire)}
     )
-    run_state_machine_as_test(machine, settings=SETTINGS)  # type: ignore[no-untyped-call]
+    run_machine(machine, settings=SETTINGS)
 
 
 @pytest.mark.redis_server
@@ -269,7 +273,7 @@ def test_redis_store_matches_the_model(redis_server: EmbeddedRedis) -> None:
         {"make_store": staticmethod(make), "expire": staticmethod(expire)},
     )
     redis_settings = settings(SETTINGS, max_examples=25)
-    run_state_machine_as_test(machine, settings=redis_settings)  # type: ignore[no-untyped-call]
+    run_machine(machine, settings=redis_settings)
 
 
 def test_the_model_would_catch_a_store_that_diverges() -> None:
@@ -300,4 +304,4 @@ def test_the_model_would_catch_a_store_that_diverges() -> None:
     )
     with pytest.raises(AssertionError):
         lax_settings = settings(SETTINGS, max_examples=200, database=None)
-        run_state_machine_as_test(machine, settings=lax_settings)  # type: ignore[no-untyped-call]
+        run_machine(machine, settings=lax_settings)
