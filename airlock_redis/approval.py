@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from .core import refusals
+from .core.callables import is_async_callable
 from .core.reversibility import Reversibility
 
 
@@ -76,17 +77,12 @@ def approve_blocking(approver: Approver | None, request: ApprovalRequest) -> Non
         raise _deny(request, "the approver said no")
 
 
-def _is_async_callable(fn: Any) -> bool:
-    call_method = type(fn).__dict__.get("__call__") if not inspect.isroutine(fn) else None
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call_method)
-
-
 async def approve(approver: Approver | None, request: ApprovalRequest) -> None:
     """Coroutine form of :func:`approve_blocking`; a sync approver runs in a worker thread."""
     if approver is None:
         raise _deny(request, "no approver is configured")
     try:
-        if _is_async_callable(approver):
+        if is_async_callable(approver):
             answer: Any = await approver(request)  # type: ignore[misc]
         else:
             answer = await asyncio.to_thread(approver, request)

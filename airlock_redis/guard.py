@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast
 from .approval import ApprovalRequest, Approver, approve, approve_blocking
 from .context import current_call_context, running_key
 from .core import refusals
+from .core.callables import is_async_callable
 from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, decode_result, encode_result, return_annotation, revalidate
 from .core.decision import Refuse, Replay, Run, decide
@@ -159,7 +160,7 @@ class EffectGuard:
                 passed=passed,
             )
 
-        if _is_async_callable(fn):
+        if is_async_callable(fn):
 
             @functools.wraps(fn)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
@@ -180,7 +181,13 @@ class EffectGuard:
                 async def start() -> Any:
                     return fn(*args, **kwargs)
 
-                stream = (await self.aexecute(call, start, annotation=annotation.get)).value
+                done = await self.aexecute(call, start, annotation=annotation.get)
+                if done.effect == "replayed":
+                    # only an operator's "committed" verdict gives a stream a stored value: its items
+                    for item in _as_items(done.value):
+                        yield item
+                    return
+                stream = done.value
                 try:
                     async for item in stream:
                         yield item
@@ -517,6 +524,8 @@ class EffectGuard:
         try:
             outcome = self.store.begin(request)
         except StoreError as exc:
+            if exc.maybe_applied and not isinstance(exc, CorruptRecordError):
+                self._release_lost_begin(request)
             raise self._store_down(call, planned, exc) from exc
         if self._observer is None:
             step = self._decide(call, planned, request, outcome, annotation)
@@ -547,6 +556,23 @@ class EffectGuard:
         except StoreError as exc:
             self._settle_blocking(started, _undo_unreplicated(started))
             raise self._store_down(call, planned, exc) from exc
+
+    def _release_lost_begin(self, request: BeginRequest) -> None:
+        """The begin may have been applied though its reply was lost: take back what this attempt
+        may hold, so a retry of a call that never ran is not refused. Best effort, and fenced by the
+        attempt's token: it never touches a record another attempt owns. Only a reversible tool
+        takes a record over, so deleting a record this attempt took over erases no doubt that
+        matters: a reversible call may run again anyway."""
+        try:
+            self.store.settle(request.tool_call_id, request.token, Settlement.RELEASE)
+        except StoreError as exc:
+            _warn_unreleased(request, exc)
+
+    async def _arelease_lost_begin(self, request: BeginRequest) -> None:
+        try:
+            await self.store.asettle(request.tool_call_id, request.token, Settlement.RELEASE)
+        except StoreError as exc:
+            _warn_unreleased(request, exc)
 
     def _commit_blocking(self, started: _Started, value: Any) -> None:
         request = started.request
@@ -602,6 +628,8 @@ class EffectGuard:
             await _shielded(self._abandon(begun, planned, request))
             raise
         except StoreError as exc:
+            if exc.maybe_applied and not isinstance(exc, CorruptRecordError):
+                await _shielded(self._arelease_lost_begin(request))
             raise self._store_down(call, planned, exc) from exc
         if self._observer is None:
             step = self._decide(call, planned, request, outcome, annotation)
@@ -667,12 +695,22 @@ class EffectGuard:
             await self._asettle(_Started(planned, request, outcome.attempt), Settlement.RELEASE)
 
 
-def _is_async_callable(fn: Any) -> bool:
-    """An ``async def`` function, a partial or method of one, or an object whose ``__call__`` is one."""
-    if inspect.iscoroutinefunction(fn):
-        return True
-    call = None if inspect.isroutine(fn) else getattr(type(fn), "__call__", None)  # noqa: B004
-    return call is not None and inspect.iscoroutinefunction(call)
+def _warn_unreleased(request: BeginRequest, error: StoreError) -> None:
+    log.warning(
+        "airlock_redis: could not release the record of %s tool_call_id=%r after a failed begin "
+        "(%s); a retry may be refused until it is resolved",
+        request.tool,
+        request.tool_call_id,
+        error,
+    )
+
+
+def _as_items(value: Any) -> list[Any]:
+    """The items a replayed stream yields: a stored list (or other collection) item by item, a
+    lone value as one item."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    return [value]
 
 
 def _undo_unreplicated(started: _Started) -> Settlement:

@@ -27,6 +27,7 @@ from typing import IO, Any
 from .core.codec import decode_result
 from .core.errors import ResultDecodingError, StoreError
 from .core.records import Status
+from .redaction import redact
 from .stores.keys import record_key, record_pattern, slot_tag
 
 AUDIT_LOG_ENV = "AIRLOCK_REDIS_AUDIT_LOG"
@@ -34,17 +35,6 @@ DEFAULT_AUDIT_LOG = "airlock-redis-audit.jsonl"
 _FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
 _STATUSES = {s.value for s in Status}
 _KEY_RE = re.compile(r"^(?P<ns>.*):\{(?P<tag>[0-9a-f]{16})\}:(?P<id>.*)$", re.DOTALL)
-
-# -- secrets never printed ---------------------------------------------------------------------------
-_USERINFO_RE = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^/@\s]*)@")
-_QUERY_SECRET_RE = re.compile(r"(?P<name>[?&](?:password|passwd|pass|pwd|token|secret)=)[^&#\s]*", re.I)
-
-
-def redact(text: str) -> str:
-    """Hide credentials in any text: ``scheme://user:pass@host`` and ``?password=...`` in URLs."""
-    text = _USERINFO_RE.sub(lambda m: f"{m.group('scheme')}***@", text)
-    return _QUERY_SECRET_RE.sub(lambda m: f"{m.group('name')}***", text)
-
 
 # -- durations -----------------------------------------------------------------------------------
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")

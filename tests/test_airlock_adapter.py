@@ -179,6 +179,81 @@ def test_an_escalation_asks_again_on_every_replay(env: Env) -> None:
     assert record is not None and record.status is Status.COMMITTED
 
 
+def make_approvals(kind: str, *verdicts: OversightVerdict) -> Approvals:
+    return Approvals(*verdicts) if kind == "sync" else AsyncApprovals(*verdicts)
+
+
+def async_charge_tool(policy: Any, env: Env, runs: list[dict[str, Any]]) -> Callable[..., Any]:
+    @Airlock(policy=policy, config=env.config)
+    async def charge(account: str, cents: int) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        runs.append({"account": account, "cents": cents, "key": get_current_context().idempotency_key})  # type: ignore[union-attr]
+        return {"charged": cents, "run": len(runs)}
+
+    return anyway(charge)
+
+
+@pytest.mark.parametrize("approver_kind", ["sync", "async"])
+def test_an_async_tool_asks_the_escalation_again_on_every_replay(env: Env, approver_kind: str) -> None:
+    runs: list[dict[str, Any]] = []
+    grant, deny = OversightVerdict.GRANT, OversightVerdict.DENY
+    approvals = make_approvals(approver_kind, grant, grant, deny, grant)
+    policy = SecurityPolicy(
+        escalate_tools={"charge": "money moves"}, approver=approvals, effect_guard=env.guard()
+    )
+    charge = async_charge_tool(policy, env, runs)
+
+    async def scenario() -> list[Any]:
+        with with_id("c1"):
+            return [await charge(account="a", cents=5) for _ in range(4)]
+
+    first, replay, refused, replay_again = asyncio.run(scenario())
+    key = idempotency_key("charge", {"account": "a", "cents": 5})
+    assert first == replay == replay_again == {"charged": 5, "run": 1}
+    assert runs == [{"account": "a", "cents": 5, "key": key}]
+    # Every call, replays included, asked the approver with a new request: no approval is reused.
+    assert len(approvals.requests) == 4 and approvals.verdicts == []
+    assert len({r.request_id for r in approvals.requests}) == 4
+    for request in approvals.requests:
+        assert request.tool_name == "charge"
+        assert request.args["idempotency_key"] == key
+        assert request.args["tool_call_id"] == "c1"
+        assert request.args["escalation_reason"] == "money moves"
+    assert blocked(refused, "approval_denied")["metadata"]["function"] == "charge"
+    assert "try again" not in json.dumps(refused).lower()
+    record = env.store.get("c1")
+    assert record is not None and record.status is Status.COMMITTED and record.attempt == 1
+    effects = [line.get("effect") for line in env.audit()]
+    assert effects == ["executed", "replayed", "refused", "replayed"]
+
+
+@pytest.mark.parametrize("approver_kind", ["sync", "async"])
+def test_an_async_tool_denied_by_the_escalation_does_not_run(env: Env, approver_kind: str) -> None:
+    runs: list[dict[str, Any]] = []
+    approvals = make_approvals(approver_kind, OversightVerdict.DENY, OversightVerdict.GRANT)
+    policy = SecurityPolicy(
+        escalate_tools={"charge": "money moves"}, approver=approvals, effect_guard=env.guard()
+    )
+    charge = async_charge_tool(policy, env, runs)
+
+    async def scenario() -> tuple[Any, Any, Any]:
+        with with_id("c1"):
+            denied = await charge(account="a", cents=5)
+            record = await env.store.aget("c1")
+            granted = await charge(account="a", cents=5)
+        return denied, record, granted
+
+    denied, record_after_denial, granted = asyncio.run(scenario())
+    refused = blocked(denied, "approval_denied")
+    assert "Do not retry" in refused["fix_hints"][0]
+    assert record_after_denial is None  # a denial refuses before any record is made
+    assert granted == {"charged": 5, "run": 1} and len(runs) == 1
+    assert len(approvals.requests) == 2
+    assert approvals.requests[0].request_id != approvals.requests[1].request_id
+    record = env.store.get("c1")
+    assert record is not None and record.status is Status.COMMITTED
+
+
 def test_an_escalation_is_not_asked_for_a_call_that_fails_validation(memory_env: Env) -> None:
     approvals = Approvals()
     policy = SecurityPolicy(

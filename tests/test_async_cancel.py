@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
@@ -23,6 +25,50 @@ from airlock_redis import (
     tool_call_context,
 )
 from airlock_redis.embedded import EmbeddedRedis
+
+T = TypeVar("T")
+
+# Bounds on waits, so a broken feature fails the test instead of hanging it. Generous: every step
+# here normally takes milliseconds; these are not timing assertions.
+STEP_LIMIT = 30.0
+RUN_LIMIT = 4 * STEP_LIMIT
+
+
+async def within(step: Awaitable[T], what: str) -> T:
+    """Await ``step`` (a coroutine, an event's wait() or a task) for at most STEP_LIMIT seconds.
+
+    Its own outcome (value, exception or cancellation) is passed on unchanged; only a step that
+    does not finish fails the test. The step is not cancelled by the bound's own timeout path
+    (unlike asyncio.wait_for), so a task that swallows cancellation cannot hang the bound.
+    """
+    task = asyncio.ensure_future(step)
+    done, _ = await asyncio.wait({task}, timeout=STEP_LIMIT)
+    if not done:
+        task.cancel()
+        pytest.fail(f"{what} did not finish within {STEP_LIMIT:.0f}s", pytrace=False)
+    return task.result()
+
+
+def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """asyncio.run(main()) in a daemon thread, failing if it has not ended within RUN_LIMIT seconds
+    (a task that ignores cancellation would otherwise hang asyncio.run's shutdown forever)."""
+    outcome: list[T] = []
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            outcome.append(asyncio.run(main()))
+        except BaseException as exc:  # re-raised in the test's thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=target, name="async-cancel-test", daemon=True)
+    thread.start()
+    thread.join(RUN_LIMIT)
+    if thread.is_alive():
+        pytest.fail(f"the event loop did not finish within {RUN_LIMIT:.0f}s", pytrace=False)
+    if errors:
+        raise errors[0]
+    return outcome[0]
 
 
 class Hanging:
@@ -66,18 +112,18 @@ def test_task_cancel_records_unknown_and_propagates(store: EffectStore) -> None:
         hanging = Hanging()
         tool = guarded(store, hanging)
         task = asyncio.create_task(call(tool, "cx-1"))
-        await hanging.started.wait()
+        await within(hanging.started.wait(), "the tool starting")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await within(task, "the cancelled call")
         assert task.cancelled() and hanging.cancelled == 1
         record = await store.aget("cx-1")
         assert record is not None and record.status is Status.UNKNOWN
         with pytest.raises(EffectStatusUnknown):
-            await call(tool, "cx-1")
+            await within(call(tool, "cx-1"), "the retry")
         assert hanging.runs == 1
 
-    asyncio.run(main())
+    run(main)
     assert status_of(store, "cx-1") is Status.UNKNOWN
 
 
@@ -94,13 +140,13 @@ def test_asyncio_timeout_records_unknown_and_raises_timeout(store: EffectStore) 
                 return await call(tool, "cx-timeout")
 
         task = asyncio.create_task(supervised())
-        await hanging.started.wait()
+        await within(hanging.started.wait(), "the tool starting")
         scopes[0].reschedule(asyncio.get_running_loop().time())  # expire now that the tool runs
         with pytest.raises(TimeoutError):
-            await task
+            await within(task, "the cancelled call")
         assert scopes[0].expired() and hanging.cancelled == 1
 
-    asyncio.run(main())
+    run(main)
     assert status_of(store, "cx-timeout") is Status.UNKNOWN
 
 
@@ -119,13 +165,13 @@ def test_asyncio_wait_for_records_unknown_and_raises_timeout(store: EffectStore)
                 assert hanging.cancelled == 1
                 assert record is not None and record.status is Status.UNKNOWN
                 with pytest.raises(EffectStatusUnknown):
-                    await call(tool, tool_call_id)
+                    await within(call(tool, tool_call_id), "the retry")
                 assert hanging.runs == 1
                 return
             assert record is None
         pytest.fail("the tool never started within 20 attempts")
 
-    asyncio.run(main())
+    run(main)
 
 
 # -- gates inside the store, to cancel at chosen points --------------------------------------------------
@@ -187,9 +233,9 @@ def test_cancels_during_the_settle_still_leave_the_record_unknown(
         hanging = Hanging()
         tool = guarded(store, hanging)
         task = asyncio.create_task(call(tool, "cx-settle"))
-        await hanging.started.wait()
+        await within(hanging.started.wait(), "the tool starting")
         task.cancel()
-        await store.entered["settle"].wait()
+        await within(store.entered["settle"].wait(), "the settle being reached")
         for _ in range(extra_cancels):  # cancel again while the settle is held
             task.cancel()
             await spin()
@@ -197,12 +243,12 @@ def test_cancels_during_the_settle_still_leave_the_record_unknown(
             assert not task.done()  # the driver waits for its shielded settle
         store.gates["settle"].set()
         with pytest.raises(asyncio.CancelledError):
-            await task
-        await store.all_done.wait()
+            await within(task, "the cancelled call")
+        await within(store.all_done.wait(), "the final store write")
         assert (await store.aget("cx-settle")) is not None
         return store
 
-    store = asyncio.run(main())
+    store = run(main)
     assert store.finished == ["begin:started", "settle:unknown:ok"]
     assert status_of(store, "cx-settle") is Status.UNKNOWN
 
@@ -220,18 +266,18 @@ def test_cancel_during_the_commit_still_commits(redis_server: EmbeddedRedis, nam
         store.arm("commit")
         tool = guarded(store, quick)
         task = asyncio.create_task(call(tool, "cx-commit"))
-        await store.entered["commit"].wait()
+        await within(store.entered["commit"].wait(), "the commit being reached")
         task.cancel()
         await spin()
         assert not task.done()
         store.gates["commit"].set()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await within(task, "the cancelled call")
         # the effect happened and was recorded: a retry replays it without running
-        assert await call(tool, "cx-commit") == "paid acct_1"
+        assert await within(call(tool, "cx-commit"), "the retry") == "paid acct_1"
         return store
 
-    store = asyncio.run(main())
+    store = run(main)
     assert runs == ["acct_1"]
     assert store.finished[:2] == ["begin:started", "commit:ok"]
     assert status_of(store, "cx-commit") is Status.COMMITTED
@@ -253,7 +299,7 @@ def test_cancel_while_begin_is_in_flight_releases_the_record(
         store.arm("begin")
         tool = guarded(store, quick)
         task = asyncio.create_task(call(tool, "cx-begin"))
-        await store.entered["begin"].wait()
+        await within(store.entered["begin"].wait(), "the begin being reached")
         # begin has run in Redis: the record is this attempt's and pending
         pending = await store.aget("cx-begin")
         assert pending is not None and pending.status is Status.PENDING
@@ -264,15 +310,15 @@ def test_cancel_while_begin_is_in_flight_releases_the_record(
         await spin()
         store.gates["begin"].set()
         with pytest.raises(asyncio.CancelledError):
-            await task
-        await store.all_done.wait()
+            await within(task, "the cancelled call")
+        await within(store.all_done.wait(), "the final store write")
         assert runs == []
         assert (await store.aget("cx-begin")) is None  # handed back: the tool never ran
         del store.gates["begin"]
-        assert await call(tool, "cx-begin") == "ok"  # so the retry runs it
+        assert await within(call(tool, "cx-begin"), "the retry") == "ok"  # so the retry runs it
         return store
 
-    store = asyncio.run(main())
+    store = run(main)
     assert runs == ["acct_1"]
     assert store.finished[:2] == ["begin:started", "settle:release:ok"]
     assert status_of(store, "cx-begin") is Status.COMMITTED
@@ -291,10 +337,10 @@ def test_a_cancelled_tool_is_not_released_even_when_cancellation_is_listed_as_no
 
         tool = EffectGuard(store, ambiguous_errors=()).wrap(charge)
         task = asyncio.create_task(call(tool, "cx-narrow"))
-        await hanging.started.wait()
+        await within(hanging.started.wait(), "the tool starting")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
-            await task
+            await within(task, "the cancelled call")
 
-    asyncio.run(main())
+    run(main)
     assert status_of(store, "cx-narrow") is Status.UNKNOWN

@@ -30,6 +30,7 @@ from typing import Any, Literal
 import redis
 from redis.cluster import RedisCluster
 
+from ..redaction import redact
 from ..stores.scripts import SCRIPT_NAMES, script_source
 from ..stores.server_facts import evicts_records, parse_version
 from ..stores.url import RedisURL, SyncClient, parse_url, sync_client
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             json.dumps(
                 {
-                    "url": _redact(url),
+                    "url": redact(url),
                     "status": _worst(checks),
                     "exit": code,
                     "checks": [asdict(c) for c in checks],
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     else:
-        print(f"airlock-redis doctor: {_redact(url)}")
+        print(f"airlock-redis doctor: {redact(url)}")
         for check in checks:
             print(f"  [{check.status:^6}] {check.name}: {check.summary}")
             if check.detail:
@@ -394,10 +395,3 @@ def _single_host(url: str) -> str:
 
 def _max(a: Status, b: Status) -> Status:
     return a if EXIT[a] >= EXIT[b] else b
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"

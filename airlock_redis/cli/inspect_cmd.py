@@ -10,7 +10,8 @@ import json
 import sys
 
 from ..core.errors import StoreError
-from ..operator import RecordView, format_duration, read_record, redact
+from ..operator import RecordView, format_duration, read_record
+from ..redaction import redact
 from .common import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
 
 HELP = "show one tool call's record: status, tool, idempotency key, attempt, ages, TTL, value preview"

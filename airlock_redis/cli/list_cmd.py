@@ -14,7 +14,8 @@ import json
 import sys
 
 from ..core.errors import StoreError
-from ..operator import ListFilter, format_duration, list_records, parse_duration, redact
+from ..operator import ListFilter, format_duration, list_records, parse_duration
+from ..redaction import redact
 from .common import EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
 
 HELP = "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than"

@@ -22,7 +22,8 @@ from ..core.errors import ResultEncodingError, StoreError
 from ..core.records import TransitionResult
 from ..core.signing import Signer
 from ..guard import EffectGuard
-from ..operator import AUDIT_LOG_ENV, AuditLog, audit_log_path, digest, read_record, redact
+from ..operator import AUDIT_LOG_ENV, AuditLog, audit_log_path, digest, read_record
+from ..redaction import redact
 from .common import (
     EXIT_AUDIT_FAILED,
     EXIT_NOT_CONFIRMED,

@@ -105,7 +105,16 @@ class RecordCorrupt(EffectRefused):
 
 
 class StoreError(Exception):
-    """A store could not complete an operation (connection lost, timeout, server error)."""
+    """A store could not complete an operation (connection lost, timeout, server error).
+
+    ``maybe_applied`` is True when the operation may have reached the store before the failure
+    (a reply lost to a timeout or a dropped connection), False when it cannot have (the store was
+    never reached).
+    """
+
+    def __init__(self, *args: object, maybe_applied: bool = False) -> None:
+        super().__init__(*args)
+        self.maybe_applied = maybe_applied
 
 
 class CorruptRecordError(StoreError):

@@ -79,7 +79,11 @@ def store_unavailable(tool: str, tool_call_id: str, key: str, why: str) -> Store
         tool=tool,
         tool_call_id=tool_call_id,
         idempotency_key=key,
-        fix_hint="Nothing took effect: retry with the same tool_call_id once the store is reachable.",
+        fix_hint=(
+            "Nothing took effect: retry with the same tool_call_id once the store is reachable. "
+            f"If the store kept this attempt's record and a retry is refused as effect_status_unknown, "
+            f"clear it with: airlock-redis resolve {tool_call_id!r} --release."
+        ),
     )
 
 

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..redaction import redact
 from .stats import TIMELINE_STEP, BenchSummary, WorkerReport
 
 if TYPE_CHECKING:
@@ -320,7 +321,7 @@ def run_bench(  # noqa: PLR0915
         client.close()
     reversible = {i for i in merged.ids if tool_of(i) in REVERSIBLE_TOOLS}
     shown = asdict(config)
-    shown["url"] = _redact(config.url)
+    shown["url"] = redact(config.url)
     return BenchSummary(
         config=shown,
         target=target,
@@ -331,10 +332,3 @@ def run_bench(  # noqa: PLR0915
         memory_sampled_records=sampled,
         records=records,
     )
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
@@ -24,6 +23,7 @@ from redis.exceptions import NoScriptError
 
 from ..core.errors import CorruptRecordError, StoreError
 from ..core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from ..redaction import redact
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
@@ -141,7 +141,7 @@ class RedisEffectStore:
         return None
 
     def __repr__(self) -> str:
-        where = _redact(self.url) if self.url else type(self._client).__name__
+        where = redact(self.url) if self.url else type(self._client).__name__
         return f"RedisEffectStore({where!s}, namespace={self.namespace!r})"
 
     # -- clients ---------------------------------------------------------------------------------
@@ -205,11 +205,16 @@ class RedisEffectStore:
         wait = self._replica_wait
         key, source = self.key(request.tool_call_id), script_source("begin")
         args = self._begin_args(request)
-        reply, acks = _guarded(
-            lambda: wait.begin(
-                self.client, key=key, sha=_sha(source), source=source, args=args, facts=self._facts
+        try:
+            reply, acks = _guarded(
+                lambda: wait.begin(
+                    self.client, key=key, sha=_sha(source), source=source, args=args, facts=self._facts
+                )
             )
-        )
+        except StoreError as exc:
+            # begin and WAIT share one round trip: an error in it may follow an applied begin
+            exc.maybe_applied = exc.maybe_applied or not isinstance(exc, CorruptRecordError)
+            raise
         outcome = parse_begin(reply)
         if outcome.kind is BeginKind.STARTED:
             wait.remember(request.token, acks)
@@ -220,11 +225,21 @@ class RedisEffectStore:
         wait = self._replica_wait
         key, source = self.key(request.tool_call_id), script_source("begin")
         args = self._begin_args(request)
-        reply, acks = await _aguarded(
-            lambda: wait.abegin(
-                self.async_client(), key=key, sha=_sha(source), source=source, args=args, facts=self._facts
+        try:
+            reply, acks = await _aguarded(
+                lambda: wait.abegin(
+                    self.async_client(),
+                    key=key,
+                    sha=_sha(source),
+                    source=source,
+                    args=args,
+                    facts=self._facts,
+                )
             )
-        )
+        except StoreError as exc:
+            # begin and WAIT share one round trip: an error in it may follow an applied begin
+            exc.maybe_applied = exc.maybe_applied or not isinstance(exc, CorruptRecordError)
+            raise
         outcome = parse_begin(reply)
         if outcome.kind is BeginKind.STARTED:
             wait.remember(request.token, acks)
@@ -526,15 +541,6 @@ def _decodes_responses(client: Any) -> bool:
     return bool(kwargs.get("decode_responses"))
 
 
-def _redact(url: str) -> str:
-    """The URL without credentials: no user:password@, and no ?password= (redis-py reads both)."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    rest = re.sub(r"(?i)([?&](?:password|username)=)[^&#]*", r"\1***", rest)
-    return f"{scheme}{sep}{rest}"
-
-
 def _failure(exc: BaseException) -> StoreError:
     message = f"Redis did not complete the operation: {type(exc).__name__}: {exc}"
     if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
@@ -544,7 +550,16 @@ def _failure(exc: BaseException) -> StoreError:
             " (the Redis user's ACL does not allow this key or command: check that the store's "
             "namespace matches the user's key pattern, and the user's command list)"
         )
-    return StoreError(message)
+    return StoreError(message, maybe_applied=_reply_may_be_lost(exc))
+
+
+def _reply_may_be_lost(exc: BaseException) -> bool:
+    """False when the command cannot have reached the server: an error reply (the server refused
+    it), or a failure to connect. True for a timeout or a connection lost while waiting."""
+    if isinstance(exc, redis.exceptions.ResponseError):
+        return False
+    text = str(exc).lower()
+    return "connecting" not in text and "connection refused" not in text
 
 
 def _guarded(operation: Callable[[], T]) -> T:

@@ -25,6 +25,8 @@ from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
 
+from ..redaction import redact
+
 SyncClient: TypeAlias = "redis.Redis | RedisCluster"
 AsyncClient: TypeAlias = "aredis.Redis | AsyncRedisCluster"
 Kind = Literal["single", "cluster", "sentinel"]
@@ -85,23 +87,23 @@ def parse_url(url: str) -> RedisURL:
             password, username = username, None
     hosts = tuple(_host_port(part, url) for part in netloc.split(",") if part.strip())
     if not hosts:
-        raise ValueError(f"the URL {_redact(url)!r} names no host:port")
+        raise ValueError(f"the URL {redact(url)!r} names no host:port")
     options = _options(query, url, sentinel=scheme in SENTINEL_SCHEMES)
     tls = scheme.startswith("rediss")
     segments = [unquote(s) for s in path.split("/") if s]
     if scheme in CLUSTER_SCHEMES:
         if segments and segments != ["0"]:
-            raise ValueError(f"a Redis Cluster has only database 0; the URL {_redact(url)!r} names {path!r}")
+            raise ValueError(f"a Redis Cluster has only database 0; the URL {redact(url)!r} names {path!r}")
         return RedisURL("cluster", url, tls, hosts, None, 0, username, password, options)
     if not segments or len(segments) > 2:
         raise ValueError(
             f"a sentinel URL names the monitored service and optionally a database: "
-            f"redis+sentinel://h1:p1,h2:p2/<service>[/db], not {_redact(url)!r}"
+            f"redis+sentinel://h1:p1,h2:p2/<service>[/db], not {redact(url)!r}"
         )
     db = 0
     if len(segments) == 2:
         if not segments[1].isdigit():
-            raise ValueError(f"the database in {_redact(url)!r} must be a number, not {segments[1]!r}")
+            raise ValueError(f"the database in {redact(url)!r} must be a number, not {segments[1]!r}")
         db = int(segments[1])
     return RedisURL("sentinel", url, tls, hosts, segments[0], db, username, password, options)
 
@@ -206,7 +208,7 @@ def _host_port(part: str, url: str) -> tuple[str, int]:
         if not sep:
             host, port = part, ""
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{part!r} in {_redact(url)!r} is not host:port")
+        raise ValueError(f"{part!r} in {redact(url)!r} is not host:port")
     return host, int(port)
 
 
@@ -216,7 +218,7 @@ def _options(query: str, url: str, *, sentinel: bool) -> dict[str, Any]:
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name not in allowed:
             raise ValueError(
-                f"unknown option {name!r} in {_redact(url)!r}; this URL kind takes: {', '.join(allowed)}"
+                f"unknown option {name!r} in {redact(url)!r}; this URL kind takes: {', '.join(allowed)}"
             )
         if name == "ssl_check_hostname":
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
@@ -236,10 +238,3 @@ def _sentinel_kwargs(parsed: RedisURL, kwargs: dict[str, Any]) -> dict[str, Any]
     if "sentinel_username" in parsed.options:
         extra["username"] = parsed.options["sentinel_username"]
     return extra
-
-
-def _redact(url: str) -> str:
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://***@{rest.rpartition('@')[2]}"
