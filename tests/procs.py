@@ -167,7 +167,7 @@ class MutingProxy:
             except OSError:
                 chunk = b""
             if not chunk:
-                _close(upstream)
+                close_socket(upstream)
                 return
             buffer += chunk
             while True:
@@ -196,7 +196,7 @@ class MutingProxy:
             except OSError:
                 chunk = b""
             if not chunk:
-                _close(client)
+                close_socket(client)
                 return
             if muted.is_set():
                 continue  # the reply is lost on the way back
@@ -211,11 +211,11 @@ class MutingProxy:
 
     def close(self) -> None:
         self._closing.set()
-        _close(self._listener)
+        close_socket(self._listener)
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
-            _close(sock)
+            close_socket(sock)
         for thread in self._threads:
             thread.join(timeout=5)
 
@@ -228,10 +228,12 @@ class MutingProxy:
         self.close()
 
 
-def _close(sock: socket.socket) -> None:
+def close_socket(sock: socket.socket) -> None:
+    """Shut a socket down and close it, ignoring a peer that is already gone."""
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
+    with contextlib.suppress(OSError):
+        sock.close()
 
 
 # -- races ------------------------------------------------------------------------------------------

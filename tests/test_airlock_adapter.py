@@ -190,7 +190,8 @@ def async_charge_tool(policy: Any, env: Env, runs: list[dict[str, Any]]) -> Call
         runs.append({"account": account, "cents": cents, "key": get_current_context().idempotency_key})  # type: ignore[union-attr]
         return {"charged": cents, "run": len(runs)}
 
-    return anyway(charge)
+    tool: Callable[..., Any] = anyway(charge)
+    return tool
 
 
 @pytest.mark.parametrize("approver_kind", ["sync", "async"])

@@ -26,6 +26,8 @@ from airlock_redis import (
 )
 from airlock_redis.embedded import EmbeddedRedis
 
+HANG_LIMIT = 120.0  # seconds: a bound so a broken feature fails instead of hanging (not a timing assert)
+
 pytestmark = pytest.mark.redis_server
 
 
@@ -388,9 +390,10 @@ def test_no_blocking_redis_call_runs_on_the_event_loop(
     async def main() -> None:
         stop = asyncio.Event()
         dog = asyncio.create_task(watchdog(stop))
-        await asyncio.gather(*(one(i) for i in range(20)))
+        # bounded, so a call that never finishes fails the test instead of hanging it
+        await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(20))), HANG_LIMIT)
         stop.set()
-        await dog
+        await asyncio.wait_for(dog, HANG_LIMIT)
 
     asyncio.run(main())
     assert blocking_redis_calls == []

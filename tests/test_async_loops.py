@@ -20,6 +20,7 @@ from tests.conftest import require_redis_server
 pytestmark = pytest.mark.redis_server
 
 LOOPS = 20
+HANG_LIMIT = 60.0  # seconds: a bound so a broken feature fails instead of hanging (not a timing assert)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,8 @@ def test_successive_asyncio_runs_share_a_store_without_piling_up_connections(
     for i in range(LOOPS):
         # 8 concurrent calls per loop: several pooled connections per loop, all closed with it
         async def main(i: int = i) -> list[object]:
-            return list(await asyncio.gather(*(call(tool, f"loop-{i}-{j}", j) for j in range(8))))
+            calls = asyncio.gather(*(call(tool, f"loop-{i}-{j}", j) for j in range(8)))
+            return list(await asyncio.wait_for(calls, HANG_LIMIT))  # fails instead of hanging
 
         assert asyncio.run(main()) == list(range(8))
         seen.append(connections(admin))
@@ -176,11 +178,12 @@ def test_threads_with_their_own_loops_each_get_a_client(
         except BaseException as exc:  # reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    threads = [threading.Thread(target=worker, args=(n,), daemon=True) for n in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a loop did not finish within 60s"
     assert errors == []
     assert len(set(clients.values())) == 4
     gc.collect()

@@ -16,6 +16,8 @@ import redis.asyncio as aredis
 from airlock_redis import EffectGuard, EffectStatusUnknown, RedisEffectStore, Status, tool_call_context
 from airlock_redis.embedded import EmbeddedRedis
 
+HANG_LIMIT = 120.0  # seconds: a bound so a broken feature fails instead of hanging (not a timing assert)
+
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 
 
@@ -43,14 +45,15 @@ async def race(url: str, namespace: str, tool_call_id: str, coroutines: int) -> 
     start = asyncio.Event()
 
     async def one() -> Any:
-        await start.wait()
+        await start.wait()  # set just below; the gather's bound covers the rest
         with tool_call_context(tool_call_id):
             return await tool("acct_a", "acct_b", 2500)
 
     tasks = [asyncio.create_task(one()) for _ in range(coroutines)]
     await asyncio.sleep(0)
     start.set()
-    results = await asyncio.gather(*tasks, return_exceptions=True)
+    # bounded, so a call that never finishes fails the test instead of hanging it
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), HANG_LIMIT)
     outcomes = Counter(
         "returned" if isinstance(r, str) else "refused" if isinstance(r, EffectStatusUnknown) else "other"
         for r in results

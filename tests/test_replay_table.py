@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any
 
@@ -20,6 +21,7 @@ from airlock_redis import (
     EffectGuard,
     EffectOutcomeUnknown,
     EffectStore,
+    Execution,
     GuardedCall,
     Reversibility,
     idempotency_key,
@@ -55,15 +57,28 @@ def test_committed_call_replays_stored_value_without_running(store: EffectStore,
 def test_replay_reports_effect_replayed(store: EffectStore, kind: str) -> None:
     guard = EffectGuard(store=store)
     call = GuardedCall("charge", "call-e", {"account": "a"}, Reversibility.IRREVERSIBLE)
-    runs: list[int] = []
+    runs: list[str] = []
 
     def body() -> str:
-        runs.append(1)
+        runs.append("sync")
         return "paid"
 
-    assert guard.execute(call, body).effect == "executed"
-    replay = guard.execute(call, body)
-    assert (replay.effect, replay.value, len(runs)) == ("replayed", "paid", 1)
+    async def abody() -> str:
+        await asyncio.sleep(0)
+        runs.append("async")
+        return "paid"
+
+    def run() -> Execution[str]:
+        if kind == "sync":
+            return guard.execute(call, body)
+        return asyncio.run(guard.aexecute(call, abody))
+
+    first = run()
+    assert (first.effect, first.value, first.attempt) == ("executed", "paid", 1)
+    replay = run()
+    assert (replay.effect, replay.value, runs) == ("replayed", "paid", [kind])
+    assert replay.tool_call_id == "call-e"
+    assert replay.idempotency_key == idempotency_key("charge", {"account": "a"})
 
 
 @pytest.mark.parametrize("kind", KINDS)

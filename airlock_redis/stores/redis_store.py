@@ -32,7 +32,7 @@ from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import ServerFacts
 from .server_facts import report as report_facts
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, StatusTTLs
-from .url import AsyncClient, SyncClient, async_twin_of_cluster, parse_url, sync_client
+from .url import NODE_KWARGS, AsyncClient, SyncClient, async_twin_of_cluster, parse_url, sync_client
 from .url import async_client as url_async_client
 
 T = TypeVar("T")
@@ -488,22 +488,7 @@ def async_twin_factory(client: redis.Redis) -> Callable[[], aredis.Redis] | None
     twin = twins.get(pool.connection_class)
     if twin is None:
         return None
-    allowed = {
-        "host",
-        "port",
-        "path",
-        "db",
-        "username",
-        "password",
-        "socket_timeout",
-        "socket_connect_timeout",
-        "client_name",
-        "ssl_keyfile",
-        "ssl_certfile",
-        "ssl_cert_reqs",
-        "ssl_ca_certs",
-        "ssl_check_hostname",
-    }
+    allowed = {"host", "port", "path", "db", *NODE_KWARGS}
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in allowed}
 
     def make() -> aredis.Redis:

@@ -157,7 +157,7 @@ def async_factory(url: str, **kwargs: Any) -> Callable[[], AsyncClient]:
     return lambda: async_client(parsed, **kwargs)
 
 
-_NODE_KWARGS = (
+NODE_KWARGS = (
     "username",
     "password",
     "socket_timeout",
@@ -175,7 +175,7 @@ def async_twin_of_cluster(client: RedisCluster) -> Callable[[], AsyncClient]:
     """A maker of asyncio cluster clients that reach the same cluster as a blocking one."""
     seeds = [(n.host, int(n.port)) for n in client.nodes_manager.startup_nodes.values()]
     given = client.nodes_manager.connection_kwargs
-    kwargs = {k: v for k, v in given.items() if k in _NODE_KWARGS}
+    kwargs = {k: v for k, v in given.items() if k in NODE_KWARGS}
     if given.get("connection_class") is not None and "SSL" in given["connection_class"].__name__:
         kwargs["ssl"] = True
 
@@ -190,7 +190,7 @@ def async_node_client(cluster: AsyncRedisCluster, node: AsyncClusterNode) -> are
     """A plain asyncio client to one node of a cluster, with the cluster's credentials and TLS."""
     from redis.asyncio.connection import ConnectionPool
 
-    kwargs = {k: v for k, v in node.connection_kwargs.items() if k in (*_NODE_KWARGS, "host", "port")}
+    kwargs = {k: v for k, v in node.connection_kwargs.items() if k in (*NODE_KWARGS, "host", "port")}
     pool = ConnectionPool(connection_class=node.connection_class, **kwargs)
     return aredis.Redis(connection_pool=pool)
 
