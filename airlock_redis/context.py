@@ -7,8 +7,7 @@ happens to be named ``tool_call_id`` belongs to the model and is never read.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,17 +29,24 @@ _running_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
 )
 
 
-@contextmanager
-def tool_call_context(
-    tool_call_id: str | None, agent_id: str | None = None, **metadata: Any
-) -> Iterator[CallContext]:
-    """Carry the model's tool call id onto the guarded calls made inside the block."""
-    context = CallContext(tool_call_id=tool_call_id, agent_id=agent_id, metadata=dict(metadata))
-    token = _host_context.set(context)
-    try:
-        yield context
-    finally:
-        _host_context.reset(token)
+class tool_call_context:
+    """Carry the model's tool call id onto the guarded calls made inside the block::
+
+    with tool_call_context(tool_call.id, agent_id="agent-1") as context:
+        charge(account="acct_1", cents=500)
+    """
+
+    __slots__ = ("_context", "_token")
+
+    def __init__(self, tool_call_id: str | None, agent_id: str | None = None, **metadata: Any) -> None:
+        self._context = CallContext(tool_call_id=tool_call_id, agent_id=agent_id, metadata=metadata)
+
+    def __enter__(self) -> CallContext:
+        self._token = _host_context.set(self._context)
+        return self._context
+
+    def __exit__(self, *exc: object) -> None:
+        _host_context.reset(self._token)
 
 
 def current_call_context() -> CallContext | None:

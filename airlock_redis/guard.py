@@ -60,7 +60,7 @@ class Execution(Generic[T]):
     attempt: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Started:
     plan: Plan
     request: BeginRequest

@@ -124,8 +124,11 @@ def _kind_of_member(item: Any) -> str:
     return type(item).__qualname__
 
 
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _dump(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def canonical_arguments(arguments: Mapping[str, Any]) -> str:

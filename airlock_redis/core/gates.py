@@ -31,7 +31,7 @@ class GuardOptions:
     target_args: Sequence[str] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # internal and short-lived: a plain dataclass is cheaper to build
 class Plan:
     """What to do with a call that passed the gates."""
 

@@ -56,6 +56,7 @@ class Reversibility(str, enum.Enum):
 
 
 _STRICTNESS = {Reversibility.REVERSIBLE: 0, Reversibility.COSTLY: 1, Reversibility.IRREVERSIBLE: 2}
+_BY_STRICTNESS = {level: tag for tag, level in _STRICTNESS.items()}
 ReversibilityName = Literal["reversible", "costly", "irreversible"]
 
 
@@ -94,14 +95,19 @@ def _own_tag(obj: Any) -> Reversibility | None:
 
 
 def reversibility_of(fn: Any) -> Reversibility:
-    """The strictest tag found along ``fn``'s ``__wrapped__`` chain; untagged means irreversible."""
-    found: Reversibility | None = None
+    """The strictest tag found along ``fn``'s ``__wrapped__`` chain; untagged means irreversible.
+
+    Runs on every guarded call (a tag may be added after decoration), so it stays a tight loop;
+    the depth bound also ends a chain that loops back on itself.
+    """
+    strictest = -1
     current: Any = fn
-    seen: set[int] = set()
-    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
-        seen.add(id(current))
-        tag = _own_tag(current)
-        if tag is not None and (found is None or tag.strictness > found.strictness):
-            found = tag
+    for _ in range(_MAX_CHAIN):
+        own = getattr(current, "__dict__", None)
+        tag = own.get(TAG_ATTRIBUTE) if own is not None else getattr(current, TAG_ATTRIBUTE, None)
+        if tag is not None and tag.__class__ is Reversibility and _STRICTNESS[tag] > strictest:
+            strictest = _STRICTNESS[tag]
         current = getattr(current, "__wrapped__", None)
-    return found if found is not None else Reversibility.IRREVERSIBLE
+        if current is None:
+            break
+    return _BY_STRICTNESS[strictest] if strictest >= 0 else Reversibility.IRREVERSIBLE
