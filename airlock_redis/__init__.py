@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .approval import ApprovalRequest, Approver
+from .attempts import Execution
 from .context import CallContext, current_call_context, current_idempotency_key, tool_call_context
 from .core.canonical import canonical_arguments, idempotency_key
 from .core.errors import (
@@ -28,7 +29,7 @@ from .core.gates import GuardedCall
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS
 from .core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
 from .core.reversibility import Reversibility, reversibility, reversibility_of
-from .guard import EffectGuard, Execution
+from .guard import EffectGuard
 from .stores.base import EffectStore
 from .stores.memory import InMemoryEffectStore
 from .stores.redis_store import RedisEffectStore

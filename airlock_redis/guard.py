@@ -14,10 +14,10 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Generic, Literal, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from .approval import ApprovalRequest, Approver, approve, approve_blocking
+from .attempts import Execution, Reporter, Started
 from .context import current_call_context, running_key
 from .core import refusals
 from .core.callables import is_async_callable
@@ -45,27 +45,6 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 log = logging.getLogger("airlock_redis")
-
-Effect = Literal["executed", "replayed", "unguarded"]
-
-
-@dataclass(frozen=True, slots=True)
-class Execution(Generic[T]):
-    """What a guarded call produced, and how."""
-
-    value: T
-    effect: Effect  # executed: the tool ran; replayed: the stored value; unguarded: ran without a record
-    tool_call_id: str | None
-    idempotency_key: str | None
-    attempt: int = 0
-
-
-@dataclass(slots=True)
-class _Started:
-    plan: Plan
-    request: BeginRequest
-    attempt: int
-    t0: float = 0.0  # perf_counter when the tool started (only measured with an observer)
 
 
 _NO_VALUE: Any = object()
@@ -126,6 +105,7 @@ class EffectGuard:
         )
         # None: no metrics or events, and no work for them on any call (checked once per event)
         self._observer = observer
+        self._report = Reporter(observer)
 
     @property
     def require_tool_call_id(self) -> bool:
@@ -229,27 +209,9 @@ class EffectGuard:
             reversible=call.reversibility.may_run_again,
         )
 
-    def _store_down(self, call: GuardedCall, planned: Plan, error: StoreError) -> Exception:
+    def _begin_failed(self, call: GuardedCall, planned: Plan, error: StoreError) -> Exception:
         assert planned.tool_call_id is not None and planned.idempotency_key is not None
-        if isinstance(error, CorruptRecordError):
-            log.error(
-                "airlock_redis: the record of %s tool_call_id=%r is corrupt (%s); refusing the call",
-                call.tool,
-                planned.tool_call_id,
-                error,
-            )
-            if self._observer is not None:
-                self._observer.call_event("refused", call.tool, planned.tool_call_id, reason="record_corrupt")
-            return refusals.record_corrupt(
-                call.tool, planned.tool_call_id, planned.idempotency_key, str(error)
-            )
-        log.warning("airlock_redis: store unavailable at begin for %s: %s", call.tool, error)
-        if self._observer is not None:
-            self._observer.store_operation("begin", None, error)
-            self._observer.call_event("refused", call.tool, planned.tool_call_id, reason="store_unavailable")
-        return refusals.store_unavailable(
-            call.tool, planned.tool_call_id, planned.idempotency_key, str(error)
-        )
+        return self._report.begin_failed(call.tool, planned.tool_call_id, planned.idempotency_key, error)
 
     def _decide(
         self,
@@ -258,13 +220,13 @@ class EffectGuard:
         request: BeginRequest,
         outcome: BeginOutcome,
         annotation: Callable[[], Any],
-    ) -> _Started | Execution[Any]:
+    ) -> Started | Execution[Any]:
         """Run, replay, or raise the refusal; the table itself is :func:`decide`."""
         assert planned.tool_call_id is not None and planned.idempotency_key is not None
         tool_call_id, key = planned.tool_call_id, planned.idempotency_key
         decision = decide(outcome)
         if isinstance(decision, Run):
-            return _Started(planned, request, decision.attempt)
+            return Started(planned, request, decision.attempt)
         if isinstance(decision, Replay):
             if self._signer is not None and not self._signer.verify(
                 tool_call_id, key, decision.value, decision.mac
@@ -303,7 +265,7 @@ class EffectGuard:
         annotation: Callable[[], Any],
         *,
         t0: float,
-    ) -> _Started | Execution[Any]:
+    ) -> Started | Execution[Any]:
         """:meth:`_decide`, reporting the begin latency and what was decided to the observer."""
         observer = self._observer
         assert observer is not None
@@ -320,27 +282,7 @@ class EffectGuard:
             observer.call_event("replayed", call.tool, request.tool_call_id, attempt=step.attempt)
             return step
         observer.call_event("started", call.tool, request.tool_call_id, attempt=step.attempt)
-        return _Started(step.plan, step.request, step.attempt, time.perf_counter())
-
-    def _observe_end(
-        self,
-        started: _Started,
-        operation: str,
-        event: Literal["committed", "unknown", "released"],
-        result: TransitionResult | StoreError,
-        t0: float,
-    ) -> None:
-        observer = self._observer
-        assert observer is not None
-        if isinstance(result, StoreError):
-            observer.store_operation(operation, time.perf_counter() - t0, result)
-            return
-        observer.store_operation(operation, time.perf_counter() - t0, None)
-        if result is TransitionResult.OK:
-            request = started.request
-            observer.call_event(
-                event, request.tool, request.tool_call_id, attempt=started.attempt, duration_s=t0 - started.t0
-            )
+        return Started(step.plan, step.request, step.attempt, time.perf_counter())
 
     # -- the operator's verdict ------------------------------------------------------------------
     def _resolve_args(
@@ -359,18 +301,6 @@ class EffectGuard:
         if key is None:
             raise ValueError("signing a resolved value needs the record's idempotency key")
         return self._signer.sign(tool_call_id, key, data)
-
-    def _after_resolve(
-        self, tool_call_id: str, verdict: Status | Settlement, result: TransitionResult
-    ) -> None:
-        log.warning(
-            "airlock_redis: operator resolved tool_call_id=%r as %s: %s",
-            tool_call_id,
-            verdict.value,
-            result.value,
-        )
-        if self._observer is not None:
-            self._observer.call_event("resolved", "", tool_call_id, reason=verdict.value)
 
     def resolve(
         self,
@@ -397,7 +327,7 @@ class EffectGuard:
             key = record.idempotency_key
         mac = self._resolve_mac(tool_call_id, key, data)
         result = self.store.resolve(tool_call_id, verdict, expect_key=key, value=data, mac=mac)
-        self._after_resolve(tool_call_id, verdict, result)
+        self._report.resolved(tool_call_id, verdict, result)
         return result
 
     async def aresolve(
@@ -418,10 +348,10 @@ class EffectGuard:
             key = record.idempotency_key
         mac = self._resolve_mac(tool_call_id, key, data)
         result = await self.store.aresolve(tool_call_id, verdict, expect_key=key, value=data, mac=mac)
-        self._after_resolve(tool_call_id, verdict, result)
+        self._report.resolved(tool_call_id, verdict, result)
         return result
 
-    def _sealed(self, started: _Started, value: Any) -> tuple[bytes | None, bytes | None]:
+    def _sealed(self, started: Started, value: Any) -> tuple[bytes | None, bytes | None]:
         """The bytes to store for a result, and their MAC when signing is on."""
         data = self._encode(started, value)
         if data is None or self._signer is None:
@@ -429,7 +359,7 @@ class EffectGuard:
         request = started.request
         return data, self._signer.sign(request.tool_call_id, request.idempotency_key, data)
 
-    def _encode(self, started: _Started, value: Any) -> bytes | None:
+    def _encode(self, started: Started, value: Any) -> bytes | None:
         try:
             return encode_result(value, self.max_result_bytes)
         except ResultEncodingError as exc:
@@ -441,59 +371,6 @@ class EffectGuard:
                 exc,
             )
             return None
-
-    def _after_commit(
-        self, started: _Started, result: TransitionResult | StoreError, t0: float = 0.0
-    ) -> None:
-        if self._observer is not None:
-            self._observe_end(started, "commit", "committed", result, t0)
-        request = started.request
-        if isinstance(result, StoreError):
-            log.error(
-                "airlock_redis: %s ran under tool_call_id=%r but the commit failed (%s); the record stays "
-                "pending and retries will be refused",
-                request.tool,
-                request.tool_call_id,
-                result,
-            )
-        elif result is not TransitionResult.OK:
-            log.warning(
-                "airlock_redis: commit of %s tool_call_id=%r was %s "
-                "(the record was resolved, expired or taken over)",
-                request.tool,
-                request.tool_call_id,
-                result.value,
-            )
-
-    def _after_settle(
-        self,
-        started: _Started,
-        settlement: Settlement,
-        result: TransitionResult | StoreError,
-        t0: float = 0.0,
-    ) -> None:
-        if self._observer is not None:
-            event: Literal["unknown", "released"] = (
-                "released" if settlement is Settlement.RELEASE else "unknown"
-            )
-            self._observe_end(started, "settle", event, result, t0)
-        request = started.request
-        if isinstance(result, StoreError):
-            log.error(
-                "airlock_redis: could not mark %s tool_call_id=%r %s (%s); the record stays pending",
-                request.tool,
-                request.tool_call_id,
-                settlement.value,
-                result,
-            )
-        elif result is not TransitionResult.OK:
-            log.warning(
-                "airlock_redis: settling %s tool_call_id=%r as %s was %s",
-                request.tool,
-                request.tool_call_id,
-                settlement.value,
-                result.value,
-            )
 
     # -- blocking driver -------------------------------------------------------------------------
     def execute(
@@ -526,7 +403,7 @@ class EffectGuard:
         except StoreError as exc:
             if exc.maybe_applied and not isinstance(exc, CorruptRecordError):
                 self._release_lost_begin(request)
-            raise self._store_down(call, planned, exc) from exc
+            raise self._begin_failed(call, planned, exc) from exc
         if self._observer is None:
             step = self._decide(call, planned, request, outcome, annotation)
         else:
@@ -548,14 +425,14 @@ class EffectGuard:
             self._commit_blocking(step, value)
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
 
-    def _make_durable(self, call: GuardedCall, planned: Plan, started: _Started) -> None:
+    def _make_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
         """wait_replicas: the tool runs only once enough replicas hold its pending record."""
         assert self._durable is not None
         try:
             self._durable.ensure_durable(started.request)
         except StoreError as exc:
-            self._settle_blocking(started, _undo_unreplicated(started))
-            raise self._store_down(call, planned, exc) from exc
+            self._settle_blocking(started, _give_back(started))
+            raise self._begin_failed(call, planned, exc) from exc
 
     def _release_lost_begin(self, request: BeginRequest) -> None:
         """The begin may have been applied though its reply was lost: take back what this attempt
@@ -566,15 +443,15 @@ class EffectGuard:
         try:
             self.store.settle(request.tool_call_id, request.token, Settlement.RELEASE)
         except StoreError as exc:
-            _warn_unreleased(request, exc)
+            self._report.unreleased(request, exc)
 
     async def _arelease_lost_begin(self, request: BeginRequest) -> None:
         try:
             await self.store.asettle(request.tool_call_id, request.token, Settlement.RELEASE)
         except StoreError as exc:
-            _warn_unreleased(request, exc)
+            self._report.unreleased(request, exc)
 
-    def _commit_blocking(self, started: _Started, value: Any) -> None:
+    def _commit_blocking(self, started: Started, value: Any) -> None:
         request = started.request
         data, mac = self._sealed(started, value)
         t0 = time.perf_counter() if self._observer is not None else 0.0
@@ -584,9 +461,9 @@ class EffectGuard:
             )
         except StoreError as exc:
             result = exc
-        self._after_commit(started, result, t0)
+        self._report.committed(started, result, t0)
 
-    def _settle_blocking(self, started: _Started, settlement: Settlement) -> None:
+    def _settle_blocking(self, started: Started, settlement: Settlement) -> None:
         request = started.request
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
@@ -595,7 +472,7 @@ class EffectGuard:
             )
         except StoreError as exc:
             result = exc
-        self._after_settle(started, settlement, result, t0)
+        self._report.settled(started, settlement, result, t0)
 
     # -- coroutine driver ------------------------------------------------------------------------
     async def aexecute(
@@ -630,7 +507,7 @@ class EffectGuard:
         except StoreError as exc:
             if exc.maybe_applied and not isinstance(exc, CorruptRecordError):
                 await _shielded(self._arelease_lost_begin(request))
-            raise self._store_down(call, planned, exc) from exc
+            raise self._begin_failed(call, planned, exc) from exc
         if self._observer is None:
             step = self._decide(call, planned, request, outcome, annotation)
         else:
@@ -652,15 +529,15 @@ class EffectGuard:
             await _shielded(self._acommit(step, value))
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
 
-    async def _amake_durable(self, call: GuardedCall, planned: Plan, started: _Started) -> None:
+    async def _amake_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
         assert self._durable is not None
         try:
             await self._durable.aensure_durable(started.request)
         except StoreError as exc:
-            await _shielded(self._asettle(started, _undo_unreplicated(started)))
-            raise self._store_down(call, planned, exc) from exc
+            await _shielded(self._asettle(started, _give_back(started)))
+            raise self._begin_failed(call, planned, exc) from exc
 
-    async def _acommit(self, started: _Started, value: Any) -> None:
+    async def _acommit(self, started: Started, value: Any) -> None:
         request = started.request
         data, mac = self._sealed(started, value)
         t0 = time.perf_counter() if self._observer is not None else 0.0
@@ -670,9 +547,9 @@ class EffectGuard:
             )
         except StoreError as exc:
             result = exc
-        self._after_commit(started, result, t0)
+        self._report.committed(started, result, t0)
 
-    async def _asettle(self, started: _Started, settlement: Settlement) -> None:
+    async def _asettle(self, started: Started, settlement: Settlement) -> None:
         request = started.request
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
@@ -681,28 +558,19 @@ class EffectGuard:
             )
         except StoreError as exc:
             result = exc
-        self._after_settle(started, settlement, result, t0)
+        self._report.settled(started, settlement, result, t0)
 
     async def _abandon(
         self, begun: asyncio.Future[BeginOutcome], planned: Plan, request: BeginRequest
     ) -> None:
-        """Cancelled while ``begin`` ran: let it finish and release what it took (the tool never ran)."""
+        """Cancelled while ``begin`` ran: let it finish and give back what it took (the tool never ran)."""
         try:
             outcome = await begun
         except Exception:
             return  # the store failed: nothing is known to have been taken
         if outcome.kind is BeginKind.STARTED:
-            await self._asettle(_Started(planned, request, outcome.attempt), Settlement.RELEASE)
-
-
-def _warn_unreleased(request: BeginRequest, error: StoreError) -> None:
-    log.warning(
-        "airlock_redis: could not release the record of %s tool_call_id=%r after a failed begin "
-        "(%s); a retry may be refused until it is resolved",
-        request.tool,
-        request.tool_call_id,
-        error,
-    )
+            started = Started(planned, request, outcome.attempt)
+            await self._asettle(started, _give_back(started))
 
 
 def _as_items(value: Any) -> list[Any]:
@@ -713,8 +581,9 @@ def _as_items(value: Any) -> list[Any]:
     return [value]
 
 
-def _undo_unreplicated(started: _Started) -> Settlement:
-    """How to leave a record that did not reach enough replicas (the tool has NOT run).
+def _give_back(started: Started) -> Settlement:
+    """How an attempt leaves a record it took when its tool will NOT run: the record did not reach
+    enough replicas, or the caller was cancelled while ``begin`` ran.
 
     A first attempt is released (owner-fenced): nothing took effect, so deleting it restores exactly
     the state before the call. Releasing cannot cause a duplicate even if the record did reach a
