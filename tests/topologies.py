@@ -7,7 +7,8 @@ when its topology stops. Every wait is bounded and fails with the servers' log t
   its folder), ``restart()`` (same port, folder and config: AOF/RDB and nodes.conf survive).
 - :class:`ClusterTopology`: N primaries with R replicas each, slots assigned in Python (no redis-cli).
   ``node_for_key(key)`` names the primary that holds a key, ``replicas_of(node)`` its replicas,
-  ``wait_healthy()`` waits for cluster_state ok after a failover.
+  ``wait_healthy()`` waits for cluster_state ok after a failover (to wait for a given replica to take
+  a dead primary's slots, see ``tests/faults.py: wait_cluster_takeover``).
 - :class:`SentinelTopology`: one primary, one replica, three sentinels. ``current_primary()`` asks the
   sentinels, ``wait_for_failover(old)`` waits until they promote another node.
 - :class:`TLSServer`: a server that only speaks TLS, with a CA and certificate made by the test.
@@ -398,23 +399,6 @@ class ClusterTopology(_Topology):
             info = c.info("replication")
         ports = {int(v["port"]) for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)}
         return [p for p in self.processes if p.port in ports]
-
-    def wait_for_failover(self, old_primary: RedisProcess, timeout: float = 30.0) -> RedisProcess:
-        """After ``old_primary`` died: wait until one of its replicas is a primary and the cluster is ok."""
-        replicas = [p for p in self.processes if p is not old_primary and p.alive]
-
-        def promoted() -> RedisProcess | None:
-            for p in replicas:
-                info = self._cluster_info(p)
-                if self.role(p) == "master" and info.get("cluster_state") == "ok" and self._slots_of(p):
-                    return p
-            return None
-
-        wait_until("a replica to take over from " + old_primary.name, promoted, timeout, on_fail=self.logs())
-        self.wait_healthy(timeout)
-        found = promoted()
-        assert found is not None
-        return found
 
     def _slots_of(self, process: RedisProcess) -> list[tuple[int, int]]:
         with process.client() as c:
