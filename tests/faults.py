@@ -44,7 +44,7 @@ from airlock_redis import (
 )
 from airlock_redis.core.reversibility import ReversibilityName
 from tests.procs import close_socket as _close
-from tests.procs import parse_request
+from tests.procs import connect_upstream, parse_request
 from tests.topologies import ClusterTopology, RedisProcess, SentinelTopology, wait_until
 
 HOST = "127.0.0.1"
@@ -117,12 +117,7 @@ class ChaosProxy:
         return len(links)
 
     def _connect_upstream(self) -> socket.socket:
-        if isinstance(self.upstream, tuple):
-            return socket.create_connection(self.upstream, timeout=10)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        sock.connect(str(self.upstream))
-        return sock
+        return connect_upstream(self.upstream)
 
     def _spawn(self, target: Callable[..., None], *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)

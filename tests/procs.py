@@ -132,12 +132,7 @@ class MutingProxy:
         self.port: int = self._listener.getsockname()[1]
 
     def _connect_upstream(self) -> socket.socket:
-        if isinstance(self.upstream, tuple):
-            return socket.create_connection(self.upstream, timeout=10)
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        upstream.settimeout(10)
-        upstream.connect(str(self.upstream))
-        return upstream
+        return connect_upstream(self.upstream)
 
     def _start(self, target: Callable[..., None], *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)
@@ -226,6 +221,16 @@ class MutingProxy:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def connect_upstream(upstream: str | Path | tuple[str, int]) -> socket.socket:
+    """A connection to the proxied redis-server: a (host, port) pair, or a unix socket path."""
+    if isinstance(upstream, tuple):
+        return socket.create_connection(upstream, timeout=10)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(10)
+    sock.connect(str(upstream))
+    return sock
 
 
 def close_socket(sock: socket.socket) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from airlock_redis import EffectGuard, RedisEffectStore, StoreUnavailable, tool_call_context
 
-from .topo_helpers import Counted, fresh_id, namespace
+from .topo_helpers import Counted, assert_replays_across_two_stores, fresh_id, namespace
 from .topologies import SentinelTopology, shared_sentinel
 
 pytestmark = pytest.mark.redis_server
@@ -27,21 +27,7 @@ def test_the_sentinel_url_reaches_the_primary(sentinel: SentinelTopology) -> Non
 
 
 def test_a_call_replays_across_two_store_objects_sync_and_async(sentinel: SentinelTopology) -> None:
-    ns = namespace()
-    first = Counted(RedisEffectStore(sentinel.url, namespace=ns))
-    second = Counted(RedisEffectStore(sentinel.url, namespace=ns))
-    sync_id, async_id = fresh_id(), fresh_id()
-    original = first.call(sync_id, "acct-sync")
-    assert second.call(sync_id, "acct-sync") == original
-
-    async def scenario() -> None:
-        made = await first.acall(async_id, "acct-async")
-        assert await second.acall(async_id, "acct-async") == made
-        assert await second.acall(sync_id, "acct-sync") == original
-
-    asyncio.run(scenario())
-    assert first.runs == {"acct-sync": 1, "acct-async": 1}
-    assert sum(second.runs.values()) == 0
+    assert_replays_across_two_stores(sentinel.url)
 
 
 def test_with_wait_replicas_the_pending_record_is_on_the_replica_before_the_tool_runs(

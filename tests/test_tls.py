@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from airlock_redis import RedisEffectStore, StoreUnavailable
 from airlock_redis.cli.doctor_cmd import diagnose
 
-from .topo_helpers import Counted, fresh_id, namespace
+from .topo_helpers import Counted, assert_replays_across_two_stores, fresh_id, namespace
 from .topologies import TLSServer, make_certificates, shared_tls
 
 pytestmark = pytest.mark.redis_server
@@ -21,21 +19,7 @@ def tls(pytestconfig: pytest.Config) -> TLSServer:
 
 
 def test_a_call_replays_across_two_store_objects_sync_and_async(tls: TLSServer) -> None:
-    ns = namespace()
-    first = Counted(RedisEffectStore(tls.url, namespace=ns))
-    second = Counted(RedisEffectStore(tls.url, namespace=ns))
-    sync_id, async_id = fresh_id(), fresh_id()
-    original = first.call(sync_id, "acct-sync")
-    assert second.call(sync_id, "acct-sync") == original
-
-    async def scenario() -> None:
-        made = await first.acall(async_id, "acct-async")
-        assert await second.acall(async_id, "acct-async") == made
-        assert await second.acall(sync_id, "acct-sync") == original
-
-    asyncio.run(scenario())
-    assert first.runs == {"acct-sync": 1, "acct-async": 1}
-    assert sum(second.runs.values()) == 0
+    assert_replays_across_two_stores(tls.url)
 
 
 def test_plain_tcp_to_the_tls_port_fails_closed(tls: TLSServer) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections import Counter
 from typing import Any
@@ -43,3 +44,23 @@ def fresh_id(prefix: str = "call") -> str:
 
 def namespace() -> str:
     return f"topo:{secrets.token_hex(4)}"
+
+
+def assert_replays_across_two_stores(url: str) -> None:
+    """A call made through one store object replays through another (sync, async, and across kinds);
+    each tool body ran once."""
+    ns = namespace()
+    first = Counted(RedisEffectStore(url, namespace=ns))
+    second = Counted(RedisEffectStore(url, namespace=ns))
+    sync_id, async_id = fresh_id(), fresh_id()
+    original = first.call(sync_id, "acct-sync")
+    assert second.call(sync_id, "acct-sync") == original
+
+    async def scenario() -> None:
+        made = await first.acall(async_id, "acct-async")
+        assert await second.acall(async_id, "acct-async") == made
+        assert await second.acall(sync_id, "acct-sync") == original
+
+    asyncio.run(scenario())
+    assert first.runs == {"acct-sync": 1, "acct-async": 1}
+    assert sum(second.runs.values()) == 0

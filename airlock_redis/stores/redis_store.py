@@ -208,7 +208,7 @@ class RedisEffectStore:
         try:
             reply, acks = _guarded(
                 lambda: wait.begin(
-                    self.client, key=key, sha=_sha(source), source=source, args=args, facts=self._facts
+                    self.client, key=key, sha=_SHAS["begin"], source=source, args=args, facts=self._facts
                 )
             )
         except StoreError as exc:
@@ -230,7 +230,7 @@ class RedisEffectStore:
                 lambda: wait.abegin(
                     self.async_client(),
                     key=key,
-                    sha=_sha(source),
+                    sha=_SHAS["begin"],
                     source=source,
                     args=args,
                     facts=self._facts,
