@@ -45,7 +45,7 @@ from airlock_redis import (
 from airlock_redis.core.reversibility import ReversibilityName
 from tests.procs import close_socket as _close
 from tests.procs import connect_upstream, parse_request
-from tests.topologies import ClusterTopology, RedisProcess, SentinelTopology, wait_until
+from tests.topologies import ClusterTopology, RedisProcess, SentinelTopology, TopologyError, wait_until
 
 HOST = "127.0.0.1"
 TOOLS = ("transfer", "send_sms", "refresh")  # irreversible, costly, reversible
@@ -461,12 +461,16 @@ def wait_cluster_takeover(
     )
 
 
-def wait_synced_replica(node: RedisProcess, primary: RedisProcess, timeout: float = 60.0) -> None:
+def wait_synced_replica(
+    node: RedisProcess, primary: RedisProcess, timeout: float = 60.0, *, on_fail: str = ""
+) -> None:
     """Wait until ``node`` replicates from ``primary`` with its link up (after a restart)."""
+    seen: dict[str, Any] = {}
 
     def synced() -> bool:
         with node.client(socket_timeout=2) as c:
             info = c.info("replication")
+        seen.update(info)
         return (
             info.get("role") == "slave"
             and int(info.get("master_port", 0)) == primary.port
@@ -474,16 +478,30 @@ def wait_synced_replica(node: RedisProcess, primary: RedisProcess, timeout: floa
             and int(info.get("master_sync_in_progress", 1)) == 0
         )
 
-    wait_until(f"{node.name} to replicate from {primary.name}", synced, timeout)
+    wait_until(
+        f"{node.name} to replicate from {primary.name}",
+        synced,
+        timeout,
+        on_fail=f"last replication info of {node.name}: {seen}\n{on_fail}",
+    )
 
 
 def restore_sentinel_replica(topology: SentinelTopology, old: RedisProcess, new: RedisProcess) -> None:
     """Restart the killed old primary as a replica of the new one (what the sentinels would tell it,
-    seconds later: they convert a returning old primary only after their next checks)."""
+    seconds later: they convert a returning old primary only after their next checks).
+
+    The sentinels may still reconfigure the returning node while it syncs (their view of it is stale
+    for a moment), so the REPLICAOF is repeated, a bounded number of times, until the link holds."""
     old.start()
-    with old.client() as c:
-        c.replicaof(HOST, new.port)
-    wait_synced_replica(old, new)
+    for attempt in range(1, 4):
+        with old.client() as c:
+            c.replicaof(HOST, new.port)
+        try:
+            wait_synced_replica(old, new, timeout=30.0, on_fail=topology.logs())
+            return
+        except TopologyError:
+            if attempt == 3:
+                raise
 
 
 # -- the load worker (runs in a spawned process) ---------------------------------------------------
