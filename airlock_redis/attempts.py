@@ -93,10 +93,18 @@ class Reporter:
                 request.tool_call_id,
                 result,
             )
+        elif result is TransitionResult.RECREATED:
+            log.warning(
+                "airlock_redis: %s tool_call_id=%r ran past its record's pending TTL (the record had "
+                "expired when the tool returned); the record was written again as committed, but a "
+                "retry in between would have found no record: raise pending_ttl above the tool's "
+                "longest run",
+                request.tool,
+                request.tool_call_id,
+            )
         elif result is not TransitionResult.OK:
             log.warning(
-                "airlock_redis: commit of %s tool_call_id=%r was %s "
-                "(the record was resolved, expired or taken over)",
+                "airlock_redis: commit of %s tool_call_id=%r was %s (the record was resolved or taken over)",
                 request.tool,
                 request.tool_call_id,
                 result.value,
@@ -123,7 +131,15 @@ class Reporter:
                 settlement.value,
                 result,
             )
-        elif result is not TransitionResult.OK:
+        elif result is TransitionResult.RECREATED:
+            log.warning(
+                "airlock_redis: %s tool_call_id=%r ran past its record's pending TTL; the record was "
+                "written again as %s",
+                request.tool,
+                request.tool_call_id,
+                settlement.value,
+            )
+        elif result is not TransitionResult.OK and settlement is not Settlement.RELEASE:
             log.warning(
                 "airlock_redis: settling %s tool_call_id=%r as %s was %s",
                 request.tool,
@@ -156,7 +172,7 @@ class Reporter:
             observer.store_operation(operation, time.perf_counter() - t0, result)
             return
         observer.store_operation(operation, time.perf_counter() - t0, None)
-        if result is TransitionResult.OK:
+        if result is TransitionResult.OK or result is TransitionResult.RECREATED:
             request = started.request
             observer.call_event(
                 event, request.tool, request.tool_call_id, attempt=started.attempt, duration_s=t0 - started.t0

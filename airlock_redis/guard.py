@@ -14,6 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar, cast
 
 from .approval import ApprovalRequest, Approver, approve, approve_blocking
@@ -25,17 +26,22 @@ from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, decode_result, encode_result, return_annotation, revalidate
 from .core.decision import Refuse, Replay, Run, decide
 from .core.errors import (
-    CorruptRecordError,
     EffectRefused,
     ResultDecodingError,
     ResultEncodingError,
     StoreError,
 )
 from .core.gates import GuardedCall, GuardOptions, Plan, plan
-from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS, settlement_for_error, settlement_for_return
-from .core.records import BeginKind, BeginOutcome, BeginRequest, Settlement, Status, TransitionResult
+from .core.outcome import (
+    DEFAULT_AMBIGUOUS_ERRORS,
+    gives_back_after_failed_begin,
+    settlement_for_error,
+    settlement_for_return,
+)
+from .core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
 from .core.reversibility import reversibility_of
 from .core.signing import Signer, SigningKeys
+from .core.verdicts import Fence, parse_verdict, resolve_fence
 from .observability import GuardObserver
 from .stores.base import DurableEffectStore, EffectStore
 from .stores.memory import InMemoryEffectStore
@@ -48,18 +54,7 @@ log = logging.getLogger("airlock_redis")
 
 
 _NO_VALUE: Any = object()
-
-
-def _verdict(verdict: Status | Settlement | str) -> Status | Settlement:
-    """committed / unknown / release, as the enum the stores take."""
-    text = verdict.value if isinstance(verdict, (Status, Settlement)) else str(verdict)
-    if text == "committed":
-        return Status.COMMITTED
-    if text == "unknown":
-        return Status.UNKNOWN
-    if text == "release":
-        return Settlement.RELEASE
-    raise ValueError(f"a verdict is committed, unknown or release, not {verdict!r}")
+_verdict = parse_verdict
 
 
 class EffectGuard:
@@ -286,14 +281,20 @@ class EffectGuard:
 
     # -- the operator's verdict ------------------------------------------------------------------
     def _resolve_args(
-        self, tool_call_id: str, verdict: Status | Settlement | str, expect_key: str | None, value: Any
-    ) -> tuple[Status | Settlement, bytes | None]:
+        self,
+        verdict: Status | Settlement | str,
+        seen: Record | Fence | None,
+        force: bool,
+        expect_key: str | None,
+        value: Any,
+    ) -> tuple[Status | Settlement, Fence, bytes | None]:
         verdict = _verdict(verdict)
+        fence = resolve_fence(seen, force=force, expect_key=expect_key)
         if value is _NO_VALUE:
-            return verdict, None
+            return verdict, fence, None
         if verdict is not Status.COMMITTED:
             raise ValueError("a value can only be given with the committed verdict")
-        return verdict, encode_result(value, self.max_result_bytes)
+        return verdict, fence, encode_result(value, self.max_result_bytes)
 
     def _resolve_mac(self, tool_call_id: str, key: str | None, data: bytes | None) -> bytes | None:
         if data is None or self._signer is None:
@@ -307,6 +308,8 @@ class EffectGuard:
         tool_call_id: str,
         verdict: Status | Settlement | str,
         *,
+        seen: Record | Fence | None = None,
+        force: bool = False,
         expect_key: str | None = None,
         value: Any = _NO_VALUE,
     ) -> TransitionResult:
@@ -314,19 +317,35 @@ class EffectGuard:
 
         ``verdict``: ``"committed"`` (the effect took place; ``value`` is what replays return, and
         without one replays are refused as result_not_stored), ``"unknown"`` (still in doubt) or
-        ``"release"`` (it did not take place: the call may run again). With ``expect_key`` the record
-        is only touched if its idempotency key is that one (else MISMATCH). A value is stored through
-        the result codec and signed when the guard has a signing key. Returns OK, MISSING or MISMATCH.
+        ``"release"`` (it did not take place: the call may run again).
+
+        ``seen`` is the record the verdict is about, as read before deciding (``guard.store.get(id)``):
+        the verdict applies only if the record is still that one (same idempotency key, status and
+        owner), else nothing changes and the result is CHANGED (or MISMATCH / MISSING). A tool that
+        committed while the operator looked is never released. ``force=True`` applies the verdict to
+        whatever is there (still only to a record whose key is ``expect_key``, when given). One of the
+        two is required. A value is stored through the result codec and signed when the guard has a
+        signing key.
+
+        Returns OK, MISSING, MISMATCH or CHANGED. Raises ValueError for a bad verdict or fence, and
+        StoreError when the store cannot answer.
         """
-        verdict, data = self._resolve_args(tool_call_id, verdict, expect_key, value)
-        key = expect_key
-        if data is not None and self._signer is not None and key is None:
+        verdict, fence, data = self._resolve_args(verdict, seen, force, expect_key, value)
+        if data is not None and self._signer is not None and fence.key is None:
             record = self.store.get(tool_call_id)
             if record is None:
                 return TransitionResult.MISSING
-            key = record.idempotency_key
-        mac = self._resolve_mac(tool_call_id, key, data)
-        result = self.store.resolve(tool_call_id, verdict, expect_key=key, value=data, mac=mac)
+            fence = replace(fence, key=record.idempotency_key)
+        mac = self._resolve_mac(tool_call_id, fence.key, data)
+        result = self.store.resolve(
+            tool_call_id,
+            verdict,
+            expect_key=fence.key,
+            expect_status=fence.status,
+            expect_owner=fence.owner,
+            value=data,
+            mac=mac,
+        )
         self._report.resolved(tool_call_id, verdict, result)
         return result
 
@@ -335,42 +354,52 @@ class EffectGuard:
         tool_call_id: str,
         verdict: Status | Settlement | str,
         *,
+        seen: Record | Fence | None = None,
+        force: bool = False,
         expect_key: str | None = None,
         value: Any = _NO_VALUE,
     ) -> TransitionResult:
         """Coroutine form of :meth:`resolve`."""
-        verdict, data = self._resolve_args(tool_call_id, verdict, expect_key, value)
-        key = expect_key
-        if data is not None and self._signer is not None and key is None:
+        verdict, fence, data = self._resolve_args(verdict, seen, force, expect_key, value)
+        if data is not None and self._signer is not None and fence.key is None:
             record = await self.store.aget(tool_call_id)
             if record is None:
                 return TransitionResult.MISSING
-            key = record.idempotency_key
-        mac = self._resolve_mac(tool_call_id, key, data)
-        result = await self.store.aresolve(tool_call_id, verdict, expect_key=key, value=data, mac=mac)
+            fence = replace(fence, key=record.idempotency_key)
+        mac = self._resolve_mac(tool_call_id, fence.key, data)
+        result = await self.store.aresolve(
+            tool_call_id,
+            verdict,
+            expect_key=fence.key,
+            expect_status=fence.status,
+            expect_owner=fence.owner,
+            value=data,
+            mac=mac,
+        )
         self._report.resolved(tool_call_id, verdict, result)
         return result
 
     def _sealed(self, started: Started, value: Any) -> tuple[bytes | None, bytes | None]:
-        """The bytes to store for a result, and their MAC when signing is on."""
-        data = self._encode(started, value)
-        if data is None or self._signer is None:
-            return data, None
+        """The bytes to store for a result and their MAC, or (None, None) when the result cannot be
+        stored. Never raises: the tool has run, so whatever goes wrong here (an encoder that meets an
+        attribute that raises, a signer error) ends as "committed, not stored", never as a record
+        left pending or an exception for a call that took effect."""
         request = started.request
-        return data, self._signer.sign(request.tool_call_id, request.idempotency_key, data)
-
-    def _encode(self, started: Started, value: Any) -> bytes | None:
         try:
-            return encode_result(value, self.max_result_bytes)
-        except ResultEncodingError as exc:
+            data = encode_result(value, self.max_result_bytes)
+            if self._signer is None:
+                return data, None
+            return data, self._signer.sign(request.tool_call_id, request.idempotency_key, data)
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, ResultEncodingError) else f"{type(exc).__name__}: {exc}"
             log.warning(
                 "airlock_redis: %s ran under tool_call_id=%r but its result cannot be stored (%s); "
                 "replays will be refused",
-                started.request.tool,
-                started.request.tool_call_id,
-                exc,
+                request.tool,
+                request.tool_call_id,
+                why,
             )
-            return None
+            return None, None
 
     # -- blocking driver -------------------------------------------------------------------------
     def execute(
@@ -384,6 +413,7 @@ class EffectGuard:
         """Run one call of a blocking tool through the gates, the store and the replay table.
 
         ``invoke`` runs the tool body. ``approver`` overrides the guard's own for this call.
+        Raises an :class:`EffectRefused` when the call is refused; whatever the tool raises otherwise.
         """
         try:
             planned = plan(call, self.options)
@@ -401,13 +431,13 @@ class EffectGuard:
         try:
             outcome = self.store.begin(request)
         except StoreError as exc:
-            if exc.maybe_applied and not isinstance(exc, CorruptRecordError):
+            if gives_back_after_failed_begin(exc):
                 self._release_lost_begin(request)
             raise self._begin_failed(call, planned, exc) from exc
-        if self._observer is None:
-            step = self._decide(call, planned, request, outcome, annotation)
-        else:
-            step = self._observed_decide(call, planned, request, outcome, annotation, t0=t0)
+        except BaseException:  # interrupted while begin ran: it may have landed; the tool never runs
+            self._release_lost_begin(request)
+            raise
+        step = self._step(call, planned, request, outcome, annotation, t0=t0)
         if isinstance(step, Execution):
             return cast(Execution[T], step)
         if self._durable is not None:
@@ -425,6 +455,20 @@ class EffectGuard:
             self._commit_blocking(step, value)
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
 
+    def _step(
+        self,
+        call: GuardedCall,
+        planned: Plan,
+        request: BeginRequest,
+        outcome: BeginOutcome,
+        annotation: Callable[[], Any],
+        *,
+        t0: float,
+    ) -> Started | Execution[Any]:
+        if self._observer is None:
+            return self._decide(call, planned, request, outcome, annotation)
+        return self._observed_decide(call, planned, request, outcome, annotation, t0=t0)
+
     def _make_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
         """wait_replicas: the tool runs only once enough replicas hold its pending record."""
         assert self._durable is not None
@@ -436,18 +480,19 @@ class EffectGuard:
 
     def _release_lost_begin(self, request: BeginRequest) -> None:
         """The begin may have been applied though its reply was lost: take back what this attempt
-        may hold, so a retry of a call that never ran is not refused. Best effort, and fenced by the
-        attempt's token: it never touches a record another attempt owns. Only a reversible tool
-        takes a record over, so deleting a record this attempt took over erases no doubt that
-        matters: a reversible call may run again anyway."""
+        may hold, so a retry of a call that never ran is not refused. Fenced by the attempt's token:
+        it never touches a record another attempt owns, and it leaves a tombstone of the token, so a
+        begin of this attempt that lands later (delayed in the network) records nothing. Only a
+        reversible tool takes a record over, so releasing a record this attempt took over erases no
+        doubt that matters: a reversible call may run again anyway."""
         try:
-            self.store.settle(request.tool_call_id, request.token, Settlement.RELEASE)
+            self.store.settle(request, 1, Settlement.RELEASE)
         except StoreError as exc:
             self._report.unreleased(request, exc)
 
     async def _arelease_lost_begin(self, request: BeginRequest) -> None:
         try:
-            await self.store.asettle(request.tool_call_id, request.token, Settlement.RELEASE)
+            await self.store.asettle(request, 1, Settlement.RELEASE)
         except StoreError as exc:
             self._report.unreleased(request, exc)
 
@@ -456,9 +501,7 @@ class EffectGuard:
         data, mac = self._sealed(started, value)
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
-            result: TransitionResult | StoreError = self.store.commit(
-                request.tool_call_id, request.token, data, mac
-            )
+            result: TransitionResult | StoreError = self.store.commit(request, started.attempt, data, mac)
         except StoreError as exc:
             result = exc
         self._report.committed(started, result, t0)
@@ -467,9 +510,7 @@ class EffectGuard:
         request = started.request
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
-            result: TransitionResult | StoreError = self.store.settle(
-                request.tool_call_id, request.token, settlement
-            )
+            result: TransitionResult | StoreError = self.store.settle(request, started.attempt, settlement)
         except StoreError as exc:
             result = exc
         self._report.settled(started, settlement, result, t0)
@@ -483,7 +524,12 @@ class EffectGuard:
         approver: Approver | None = None,
         annotation: Callable[[], Any] = lambda: Any,
     ) -> Execution[T]:
-        """Coroutine form of :meth:`execute` for async tools; ``invoke`` returns the awaitable body."""
+        """Coroutine form of :meth:`execute` for async tools; ``invoke`` returns the awaitable body.
+
+        A cancellation while the store is reached never leaves a record behind for a tool that did
+        not run: the begin is given back (a tombstone keeps a begin that lands later out), and a
+        commit or settle in flight is sent again to completion before the cancellation goes on.
+        """
         try:
             planned = plan(call, self.options)
             if planned.approval_why is not None:
@@ -497,21 +543,16 @@ class EffectGuard:
                 return Execution(await invoke(), "unguarded", None, planned.idempotency_key)
         request = self._begin_request(call, planned)
         t0 = time.perf_counter() if self._observer is not None else 0.0
-        begun = asyncio.ensure_future(self.store.abegin(request))
         try:
-            # Shielded: a cancellation must not leave a record this attempt took without knowing it.
-            outcome = await asyncio.shield(begun)
-        except asyncio.CancelledError:
-            await _shielded(self._abandon(begun, planned, request))
-            raise
+            outcome = await self.store.abegin(request)
         except StoreError as exc:
-            if exc.maybe_applied and not isinstance(exc, CorruptRecordError):
+            if gives_back_after_failed_begin(exc):
                 await _shielded(self._arelease_lost_begin(request))
             raise self._begin_failed(call, planned, exc) from exc
-        if self._observer is None:
-            step = self._decide(call, planned, request, outcome, annotation)
-        else:
-            step = self._observed_decide(call, planned, request, outcome, annotation, t0=t0)
+        except BaseException:  # cancelled (or interrupted) while begin ran
+            await _shielded(self._arelease_lost_begin(request))
+            raise
+        step = self._step(call, planned, request, outcome, annotation, t0=t0)
         if isinstance(step, Execution):
             return cast(Execution[T], step)
         if self._durable is not None:
@@ -520,13 +561,13 @@ class EffectGuard:
             with running_key(planned.idempotency_key):
                 value = await invoke()
         except BaseException as error:
-            await _shielded(self._asettle(step, settlement_for_error(error, self.ambiguous_errors)))
+            await self._asettle(step, settlement_for_error(error, self.ambiguous_errors))
             raise
         settlement = settlement_for_return(value)
         if settlement is not None:
-            await _shielded(self._asettle(step, settlement))
+            await self._asettle(step, settlement)
         else:
-            await _shielded(self._acommit(step, value))
+            await self._acommit(step, value)
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
 
     async def _amake_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
@@ -534,7 +575,7 @@ class EffectGuard:
         try:
             await self._durable.aensure_durable(started.request)
         except StoreError as exc:
-            await _shielded(self._asettle(started, _give_back(started)))
+            await self._asettle(started, _give_back(started))
             raise self._begin_failed(call, planned, exc) from exc
 
     async def _acommit(self, started: Started, value: Any) -> None:
@@ -542,8 +583,8 @@ class EffectGuard:
         data, mac = self._sealed(started, value)
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
-            result: TransitionResult | StoreError = await self.store.acommit(
-                request.tool_call_id, request.token, data, mac
+            result: TransitionResult | StoreError = await _to_completion(
+                lambda: self.store.acommit(request, started.attempt, data, mac)
             )
         except StoreError as exc:
             result = exc
@@ -553,24 +594,12 @@ class EffectGuard:
         request = started.request
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
-            result: TransitionResult | StoreError = await self.store.asettle(
-                request.tool_call_id, request.token, settlement
+            result: TransitionResult | StoreError = await _to_completion(
+                lambda: self.store.asettle(request, started.attempt, settlement)
             )
         except StoreError as exc:
             result = exc
         self._report.settled(started, settlement, result, t0)
-
-    async def _abandon(
-        self, begun: asyncio.Future[BeginOutcome], planned: Plan, request: BeginRequest
-    ) -> None:
-        """Cancelled while ``begin`` ran: let it finish and give back what it took (the tool never ran)."""
-        try:
-            outcome = await begun
-        except Exception:
-            return  # the store failed: nothing is known to have been taken
-        if outcome.kind is BeginKind.STARTED:
-            started = Started(planned, request, outcome.attempt)
-            await self._asettle(started, _give_back(started))
 
 
 def _as_items(value: Any) -> list[Any]:
@@ -598,12 +627,32 @@ def _give_back(started: Started) -> Settlement:
 
 
 async def _shielded(step: Awaitable[None]) -> None:
-    """Finish a store write even if the task is cancelled again while it runs."""
+    """Finish a store write even if the task is cancelled again while it runs. The write runs in a
+    task of its own, made only now: ``asyncio.run`` cancels the tasks that exist when it shuts down,
+    once each, and this one is not among them."""
     task = asyncio.ensure_future(step)
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
         await asyncio.wait([task])
+        raise
+
+
+async def _to_completion(send: Callable[[], Awaitable[TransitionResult]]) -> TransitionResult:
+    """Await a commit or settle. Cancelled while it was in flight, it may or may not have landed: send
+    it again (every transition is safe to re-send) and let it finish before the cancellation goes on.
+    The common path spawns no task."""
+    try:
+        return await send()
+    except asyncio.CancelledError:
+
+        async def again() -> None:
+            try:
+                await send()
+            except StoreError as exc:
+                log.error("airlock_redis: a commit or settle interrupted by a cancellation failed: %s", exc)
+
+        await _shielded(again())
         raise
 
 

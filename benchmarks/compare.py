@@ -142,9 +142,9 @@ class Bench:
 
         def run(n: int) -> None:
             for tool_call_id in self._ids("s", n):
-                token = secrets.token_hex(16)
-                store.begin(BeginRequest(tool_call_id, key, "charge", token, False))
-                store.commit(tool_call_id, token, result, None)
+                request = BeginRequest(tool_call_id, key, "charge", secrets.token_hex(16), False)
+                store.begin(request)
+                store.commit(request, 1, result, None)
 
         return run
 

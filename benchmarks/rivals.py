@@ -90,6 +90,8 @@ class _ReferenceStore:
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
@@ -99,11 +101,11 @@ class _ReferenceStore:
         raise NotImplementedError("benchmark reference store: blocking calls only")
 
     async def acommit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         raise NotImplementedError("benchmark reference store: blocking calls only")
 
-    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         raise NotImplementedError("benchmark reference store: blocking calls only")
 
     async def aget(self, tool_call_id: str) -> Record | None:
@@ -115,6 +117,8 @@ class _ReferenceStore:
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
@@ -168,12 +172,14 @@ class WatchMultiStore(_ReferenceStore):
                     continue
 
     def commit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
+        tool_call_id, token = request.tool_call_id, request.token
         change = {"s": "committed", "v": value}
         return TransitionResult(self._owned_update(tool_call_id, token, change, _COMMITTED_MS))
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        tool_call_id, token = request.tool_call_id, request.token
         change = None if settlement is Settlement.RELEASE else {"s": "unknown"}
         return TransitionResult(self._owned_update(tool_call_id, token, change, _PENDING_MS))
 
@@ -203,14 +209,16 @@ class PowertoolsStyleStore(_ReferenceStore):
         return BeginOutcome(BeginKind.STARTED, attempt)
 
     def commit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
+        tool_call_id, token = request.tool_call_id, request.token
         record = {"s": "committed", "o": token, "v": value}
         record["k"], record["t"] = self._identity.pop(tool_call_id, ("", ""))
         self.client.set(self.key(tool_call_id), _pack(record), px=_COMMITTED_MS)
         return TransitionResult.OK
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        tool_call_id, token = request.tool_call_id, request.token
         key = self.key(tool_call_id)
         if settlement is Settlement.RELEASE:
             self.client.delete(key)

@@ -5,47 +5,69 @@
 -- ARGV[5]  pending TTL in ms                  ARGV[6]  now, ms since the epoch
 -- Returns {outcome, attempt, value, mac, tool, key}; value, mac, tool and key only where noted:
 --   {"started", n}                   this attempt owns the record (new, re-sent, or a reversible take-over)
---   {"committed", n, value, mac}     an earlier attempt committed; value is nil when it was not storable
+--   {"committed", n, value, mac}     an earlier attempt committed; value is absent when it was not storable
 --   {"pending", n} / {"unknown", n}  an earlier attempt is in doubt and the tool is not reversible
---   {"mismatch", n, nil, nil, tool, key}  the id belongs to another tool or other arguments
---   {"corrupt", n, nil, nil, why}    the hash is not a record (no status, key or tool, or an unknown status):
---                                    nothing is changed and the caller must not run the tool
--- Safe to re-send: the same token finds itself the owner and gets "started" again.
+--   {"mismatch", n, false, false, tool, key}  the id belongs to another tool or other arguments
+--   {"corrupt", n, false, false, why}  the key holds no well-formed record: nothing is changed and the
+--                                    caller must not run the tool
+--   {"released", 0}                  this attempt already gave its record back (a begin that arrived
+--                                    late): nothing is written
+-- Safe to re-send: the same token finds itself the owner, answers "started" again, and writes again so
+-- that a WAIT sent after it on the same connection covers the record (Redis 7.2+ counts only the
+-- connection's own writes). Replies use false, not nil, for absent items: a nil would end the array.
 local record = KEYS[1]
+local key, tool, token, reversible, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', ARGV[6]
+local pending_ttl = ttl_arg(ARGV[5])
+
+local function start(attempt)
+  redis.call('HSET', record, 'status', 'pending', 'key', key, 'tool', tool, 'owner', token,
+    'attempt', attempt, 'begun', now)
+  redis.call('PEXPIRE', record, pending_ttl)
+  return {'started', attempt}
+end
+
+local function corrupt(attempt, why)
+  return {'corrupt', attempt or 0, false, false, why}
+end
+
 local f = redis.call('HMGET', record, 'status', 'key', 'tool', 'owner', 'attempt', 'stored', 'value', 'mac')
-local status = f[1]
+local status, rkey, rtool, owner, stored, value, mac = f[1], f[2], f[3], f[4], f[6], f[7], f[8]
 if not status then
-  if f[2] or f[3] or f[4] or f[5] or f[6] or f[7] or f[8] then
-    return {'corrupt', 0, false, false, 'the record has no status field'}
+  if redis.call('EXISTS', record) == 1 then
+    return corrupt(0, 'the record has no status field')
   end
-  redis.call('HSET', record, 'status', 'pending', 'key', ARGV[1], 'tool', ARGV[2], 'owner', ARGV[3],
-    'attempt', 1, 'begun', ARGV[6])
-  redis.call('PEXPIRE', record, ARGV[5])
-  return {'started', 1}
+  return start(1)
 end
-local attempt = tonumber(f[5]) or 0
+if status == RELEASED then
+  if owner == token then
+    return {'released', 0}
+  end
+  return start(1)  -- another attempt's tombstone: the call is free (start overwrites both fields)
+end
+local attempt = attempt_of(f[5])
 if status ~= 'pending' and status ~= 'unknown' and status ~= 'committed' then
-  return {'corrupt', attempt, false, false, 'the record has an unknown status'}
+  return corrupt(attempt, 'the record has an unknown status')
 end
-if not f[2] or not f[3] then
-  return {'corrupt', attempt, false, false, 'the record has no key or tool field'}
+if not rkey or not rtool then
+  return corrupt(attempt, 'the record has no key or tool field')
 end
-if f[2] ~= ARGV[1] or f[3] ~= ARGV[2] then
-  return {'mismatch', attempt, false, false, f[3] or '', f[2] or ''}
+if not attempt then
+  return corrupt(0, 'the record has a malformed attempt field')
+end
+if rkey ~= key or rtool ~= tool then
+  return {'mismatch', attempt, false, false, rtool, rkey}
 end
 if status == 'committed' then
-  if f[6] == '1' then
-    return {'committed', attempt, f[7] or '', f[8] or ''}
+  if stored == '1' then
+    return {'committed', attempt, value or '', mac or ''}
   end
   return {'committed', attempt}
 end
-if status == 'pending' and f[4] == ARGV[3] then
+if status == 'pending' and owner == token then
+  redis.call('PEXPIRE', record, pending_ttl)  -- the write a WAIT after this re-send waits for
   return {'started', attempt}
 end
-if ARGV[4] == '1' and (status == 'pending' or status == 'unknown') then
-  attempt = attempt + 1
-  redis.call('HSET', record, 'status', 'pending', 'owner', ARGV[3], 'attempt', attempt, 'begun', ARGV[6])
-  redis.call('PEXPIRE', record, ARGV[5])
-  return {'started', attempt}
+if reversible then
+  return start(attempt + 1)
 end
 return {status, attempt}

@@ -3,18 +3,33 @@
 -- ARGV[1]  owner token       ARGV[2]  "1" when a value is stored, "0" when the result was not storable
 -- ARGV[3]  value bytes       ARGV[4]  mac bytes ("" for none)
 -- ARGV[5]  committed TTL ms  ARGV[6]  now, ms since the epoch
+-- ARGV[7]  idempotency key   ARGV[8]  tool name     ARGV[9]  attempt number
 -- Returns "ok" (committed, or already committed by this owner: a re-send),
---         "superseded" (another attempt or an operator owns the record), "missing" (no record).
-local f = redis.call('HMGET', KEYS[1], 'status', 'owner')
-if not f[1] then
-  return 'missing'
+--         "recreated" (no record was left: the pending one expired or was given back while the tool ran;
+--                     the call ran, so it is written again, committed),
+--         "superseded" (another attempt or an operator owns the record, or the key holds no record).
+local record = KEYS[1]
+local token, stored, value, mac, now = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[6]
+local ttl = ttl_arg(ARGV[5])
+
+local function write_committed()
+  redis.call('HSET', record, 'status', 'committed', 'stored', stored, 'value', value, 'mac', mac,
+    'committed', now)
+  redis.call('PEXPIRE', record, ttl)
 end
-if f[2] ~= ARGV[1] then
+
+local f = redis.call('HMGET', record, 'status', 'owner')
+local status, owner = f[1], f[2]
+if status == RELEASED or (not status and redis.call('EXISTS', record) == 0) then
+  redis.call('DEL', record)
+  redis.call('HSET', record, 'key', ARGV[7], 'tool', ARGV[8], 'owner', token, 'attempt', ARGV[9])
+  write_committed()
+  return 'recreated'
+end
+if owner ~= token or not status then
   return 'superseded'
 end
-if f[1] ~= 'committed' then
-  redis.call('HSET', KEYS[1], 'status', 'committed', 'stored', ARGV[2], 'value', ARGV[3], 'mac', ARGV[4],
-    'committed', ARGV[6])
-  redis.call('PEXPIRE', KEYS[1], ARGV[5])
+if status ~= 'committed' then
+  write_committed()
 end
 return 'ok'

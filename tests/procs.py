@@ -31,6 +31,7 @@ import redis
 from pydantic import BaseModel
 
 from airlock_redis import (
+    BeginRequest,
     EffectGuard,
     EffectRefused,
     GuardedCall,
@@ -290,11 +291,11 @@ class CommitLoggingStore(RedisEffectStore):
     """A Redis store that also logs the answer of every commit (for the take-over race)."""
 
     def commit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
-        result = super().commit(tool_call_id, token, value, mac)
-        entry = {"token": token, "result": result.value}
-        self.client.rpush(commits_key(self.namespace, tool_call_id), json.dumps(entry))
+        result = super().commit(request, attempt, value, mac)
+        entry = {"token": request.token, "result": result.value}
+        self.client.rpush(commits_key(self.namespace, request.tool_call_id), json.dumps(entry))
         return result
 
 

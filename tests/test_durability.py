@@ -160,8 +160,9 @@ def test_a_reversible_take_over_that_misses_its_replicas_stays_unknown(sentinel:
     store = RedisEffectStore(sentinel.url, namespace=ns)
     tool_call_id = fresh_id()
     key = idempotency_key("refresh", {"account": "a"})
-    store.begin(BeginRequest(tool_call_id, key, "refresh", "earlier-token", reversible=True))
-    store.settle(tool_call_id, "earlier-token", Settlement.UNKNOWN)
+    earlier = BeginRequest(tool_call_id, key, "refresh", "earlier-token", reversible=True)
+    store.begin(earlier)
+    store.settle(earlier, 1, Settlement.UNKNOWN)
     runs: list[str] = []
 
     def refresh(account: str) -> str:

@@ -58,7 +58,7 @@ def left_in_doubt(
     )
     assert store.begin(request).kind is BeginKind.STARTED
     if settlement is not None:
-        store.settle(tool_call_id, request.token, settlement)
+        store.settle(request, 1, settlement)
 
 
 def snapshot(client: redis.Redis, mode: str) -> None:

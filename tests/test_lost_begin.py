@@ -45,13 +45,13 @@ class LosesBeginReply:
             await self.inner.abegin(request)
         raise self._fail(request)
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
-        self.settles.append((tool_call_id, token, settlement))
-        return self.inner.settle(tool_call_id, token, settlement)
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        self.settles.append((request.tool_call_id, request.token, settlement))
+        return self.inner.settle(request, attempt, settlement)
 
-    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
-        self.settles.append((tool_call_id, token, settlement))
-        return await self.inner.asettle(tool_call_id, token, settlement)
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        self.settles.append((request.tool_call_id, request.token, settlement))
+        return await self.inner.asettle(request, attempt, settlement)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

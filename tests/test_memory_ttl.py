@@ -78,12 +78,12 @@ def test_each_transition_sets_the_ttl_of_its_status(mem: InMemoryEffectStore, cl
     assert ttl_ms(mem, "call-1", Status.PENDING) == full(PENDING_S)
     clock.advance(STEP_S)
     assert ttl_ms(mem, "call-1", Status.PENDING) == full(PENDING_S - STEP_S)  # get() counts down
-    assert mem.commit("call-1", "a", b"booked", None) is TransitionResult.OK
+    assert mem.commit(request("call-1", "a"), 1, b"booked", None) is TransitionResult.OK
     assert ttl_ms(mem, "call-1", Status.COMMITTED) == full(COMMITTED_S)
 
     mem.begin(request("call-2", "a"))
     clock.advance(STEP_S)
-    assert mem.settle("call-2", "a", Settlement.UNKNOWN) is TransitionResult.OK
+    assert mem.settle(request("call-2", "a"), 1, Settlement.UNKNOWN) is TransitionResult.OK
     assert ttl_ms(mem, "call-2", Status.UNKNOWN) == full(UNKNOWN_S)
     clock.advance(STEP_S)
     assert ttl_ms(mem, "call-2", Status.UNKNOWN) == full(UNKNOWN_S - STEP_S)
@@ -96,7 +96,7 @@ def test_reversible_take_over_resets_the_pending_ttl(mem: InMemoryEffectStore, c
     assert taken.kind is BeginKind.STARTED and taken.attempt == 2
     assert ttl_ms(mem, "call-3", Status.PENDING) == full(PENDING_S)
 
-    mem.settle("call-3", "b", Settlement.UNKNOWN)
+    mem.settle(request("call-3", "b"), 1, Settlement.UNKNOWN)
     assert ttl_ms(mem, "call-3", Status.UNKNOWN) == full(UNKNOWN_S)
     clock.advance(STEP_S)
     taken = mem.begin(request("call-3", "c", reversible=True))  # take-over of unknown
@@ -111,9 +111,9 @@ def test_resolve_sets_the_ttl_of_the_verdict(
 ) -> None:
     mem.begin(request("call-r", "a"))
     if start is Status.UNKNOWN:
-        mem.settle("call-r", "a", Settlement.UNKNOWN)
+        mem.settle(request("call-r", "a"), 1, Settlement.UNKNOWN)
     elif start is Status.COMMITTED:
-        mem.commit("call-r", "a", b"v", None)
+        mem.commit(request("call-r", "a"), 1, b"v", None)
     clock.advance(STEP_S)
     assert mem.resolve("call-r", verdict, expect_key=KEY, value=b"w") is TransitionResult.OK
     expected = COMMITTED_S if verdict is Status.COMMITTED else UNKNOWN_S
@@ -121,23 +121,26 @@ def test_resolve_sets_the_ttl_of_the_verdict(
 
 
 def test_refusals_replays_and_resends_leave_the_ttl_alone(mem: InMemoryEffectStore, clock: FakeClock) -> None:
-    """Only transitions reset a TTL: reading or refusing a record must not keep it alive."""
+    """Only transitions reset a TTL: reading or refusing a record must not keep it alive. A re-sent
+    begin is the one exception: it writes again (the write a WAIT after it covers), restarting the
+    pending TTL, as the Lua script does."""
     mem.begin(request("call-4", "a"))
     clock.advance(STEP_S)
-    assert mem.begin(request("call-4", "a")).kind is BeginKind.STARTED  # re-send
     assert mem.begin(request("call-4", "b")).kind is BeginKind.PENDING  # refused retry
     assert ttl_ms(mem, "call-4", Status.PENDING) == full(PENDING_S - STEP_S)
-    mem.commit("call-4", "a", b"v", None)
+    assert mem.begin(request("call-4", "a")).kind is BeginKind.STARTED  # re-send
+    assert ttl_ms(mem, "call-4", Status.PENDING) == full(PENDING_S)
+    mem.commit(request("call-4", "a"), 1, b"v", None)
     clock.advance(STEP_S)
     assert mem.begin(request("call-4", "c")).kind is BeginKind.COMMITTED  # replay
-    assert mem.commit("call-4", "a", b"v", None) is TransitionResult.OK  # re-sent commit
+    assert mem.commit(request("call-4", "a"), 1, b"v", None) is TransitionResult.OK  # re-sent commit
     assert ttl_ms(mem, "call-4", Status.COMMITTED) == full(COMMITTED_S - STEP_S)
 
     mem.begin(request("call-5", "a"))
-    mem.settle("call-5", "a", Settlement.UNKNOWN)
+    mem.settle(request("call-5", "a"), 1, Settlement.UNKNOWN)
     clock.advance(STEP_S)
     assert mem.begin(request("call-5", "b")).kind is BeginKind.UNKNOWN  # refused retry
-    assert mem.settle("call-5", "a", Settlement.UNKNOWN) is TransitionResult.OK  # re-sent settle
+    assert mem.settle(request("call-5", "a"), 1, Settlement.UNKNOWN) is TransitionResult.OK  # re-sent settle
     assert ttl_ms(mem, "call-5", Status.UNKNOWN) == full(UNKNOWN_S - STEP_S)
 
 
@@ -145,12 +148,12 @@ def test_async_transitions_set_the_same_ttls(mem: InMemoryEffectStore, clock: Fa
     async def main() -> None:
         await mem.abegin(request("call-6", "a"))
         clock.advance(STEP_S)
-        await mem.acommit("call-6", "a", b"v", None)
+        await mem.acommit(request("call-6", "a"), 1, b"v", None)
         committed = await mem.aget("call-6")
         assert committed is not None and committed.ttl_ms == full(COMMITTED_S)
         await mem.abegin(request("call-7", "a"))
         clock.advance(STEP_S)
-        await mem.asettle("call-7", "a", Settlement.UNKNOWN)
+        await mem.asettle(request("call-7", "a"), 1, Settlement.UNKNOWN)
         unknown = await mem.aget("call-7")
         assert unknown is not None and unknown.ttl_ms == full(UNKNOWN_S)
 
@@ -168,19 +171,29 @@ def test_a_record_lives_exactly_its_ttl(
 ) -> None:
     mem.begin(request("call-8", "a"))
     if status is Status.COMMITTED:
-        mem.commit("call-8", "a", b"v", None)
+        mem.commit(request("call-8", "a"), 1, b"v", None)
     elif status is Status.UNKNOWN:
-        mem.settle("call-8", "a", Settlement.UNKNOWN)
+        mem.settle(request("call-8", "a"), 1, Settlement.UNKNOWN)
     clock.advance(seconds - 0.001)
     assert ttl_ms(mem, "call-8", status) == 1
     clock.advance(0.001)
     assert mem.get("call-8") is None
     # Gone for every transition too, not only for get().
-    assert mem.commit("call-8", "a", b"v", None) is TransitionResult.MISSING
-    assert mem.settle("call-8", "a", Settlement.UNKNOWN) is TransitionResult.MISSING
-    assert mem.resolve("call-8", Status.COMMITTED) is TransitionResult.MISSING
+    assert mem.resolve("call-8", Status.COMMITTED, expect_key=KEY) is TransitionResult.MISSING
     assert mem.begin(request("call-8", "b")).kind is BeginKind.STARTED
     assert ttl_ms(mem, "call-8", Status.PENDING) == full(PENDING_S)
+
+
+def test_a_commit_after_the_pending_ttl_writes_the_record_again(
+    mem: InMemoryEffectStore, clock: FakeClock
+) -> None:
+    """The tool outlived its pending TTL: the commit finds nothing and writes the truth, committed."""
+    mem.begin(request("call-9", "a"))
+    clock.advance(PENDING_S)
+    assert mem.get("call-9") is None
+    assert mem.commit(request("call-9", "a"), 1, b"v", None) is TransitionResult.RECREATED
+    assert ttl_ms(mem, "call-9", Status.COMMITTED) == full(COMMITTED_S)
+    assert mem.begin(request("call-9", "b")).kind is BeginKind.COMMITTED
 
 
 def make_book(mem: InMemoryEffectStore, runs: list[str], *, fail: bool = False) -> Any:

@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from hypothesis.stateful import run_state_machine_as_test as _run_machine
 
 from airlock_redis import EffectStore, InMemoryEffectStore, RedisEffectStore
+from airlock_redis.core.errors import StoreError
 from airlock_redis.core.records import (
     BeginKind,
     BeginOutcome,
@@ -31,6 +32,7 @@ from airlock_redis.core.records import (
     TransitionResult,
 )
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores.ttl import TOMBSTONE_TTL
 
 IDS = ("call-a", "call-b")
 TOKENS = ("t1", "t2", "t3")
@@ -45,13 +47,16 @@ run_machine: Callable[..., None] = _run_machine
 
 @dataclass(frozen=True)
 class ModelRecord:
-    status: Status
+    status: Status | None  # None: a tombstone of ``owner`` (a released record; readers see nothing)
     key: str
     owner: str  # a token, or OPERATOR after a resolve
     attempt: int
     value: bytes | None
     stored: bool
     expires_at: float
+
+
+LATE = ("late",)  # begin of an attempt whose record was released: the store raises StoreError
 
 
 class Model:
@@ -62,11 +67,21 @@ class Model:
         self.now = 0.0
 
     def _put(self, tool_call_id: str, record: ModelRecord) -> None:
-        self.records[tool_call_id] = replace(record, expires_at=self.now + TTL[record.status])
+        ttl = TOMBSTONE_TTL if record.status is None else TTL[record.status]
+        self.records[tool_call_id] = replace(record, expires_at=self.now + ttl)
+
+    def _bury(self, tool_call_id: str, owner: str) -> None:
+        self._put(tool_call_id, ModelRecord(None, "", owner, 0, None, False, 0.0))
+
+    def visible(self, tool_call_id: str) -> ModelRecord | None:
+        record = self.records.get(tool_call_id)
+        return None if record is None or record.status is None else record
 
     def begin(self, tool_call_id: str, key: str, token: str, reversible: bool) -> tuple[Any, ...]:
         record = self.records.get(tool_call_id)
-        if record is None:
+        if record is not None and record.status is None and record.owner == token:
+            return LATE
+        if record is None or record.status is None:
             self._put(tool_call_id, ModelRecord(Status.PENDING, key, token, 1, None, False, 0.0))
             return (BeginKind.STARTED, 1)
         if record.key != key:
@@ -74,6 +89,7 @@ class Model:
         if record.status is Status.COMMITTED:
             return (BeginKind.COMMITTED, record.attempt, record.value if record.stored else None)
         if record.status is Status.PENDING and record.owner == token:
+            self._put(tool_call_id, record)  # a re-send writes again: the TTL restarts
             return (BeginKind.STARTED, record.attempt)
         if reversible:
             attempt = record.attempt + 1
@@ -81,10 +97,14 @@ class Model:
             return (BeginKind.STARTED, attempt)
         return (BeginKind(record.status.value), record.attempt)
 
-    def commit(self, tool_call_id: str, token: str, value: bytes | None) -> TransitionResult:
+    def commit(
+        self, tool_call_id: str, key: str, token: str, attempt: int, value: bytes | None
+    ) -> TransitionResult:
         record = self.records.get(tool_call_id)
-        if record is None:
-            return TransitionResult.MISSING
+        if record is None or record.status is None:
+            committed = ModelRecord(Status.COMMITTED, key, token, attempt, value, value is not None, 0.0)
+            self._put(tool_call_id, committed)
+            return TransitionResult.RECREATED
         if record.owner != token:
             return TransitionResult.SUPERSEDED
         if record.status is not Status.COMMITTED:
@@ -93,29 +113,45 @@ class Model:
             )
         return TransitionResult.OK
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+    def settle(
+        self, tool_call_id: str, key: str, token: str, attempt: int, settlement: Settlement
+    ) -> TransitionResult:
         record = self.records.get(tool_call_id)
-        if record is None:
-            return TransitionResult.MISSING
+        if record is None or (record.status is None and record.owner != token):
+            if settlement is Settlement.RELEASE:
+                self._bury(tool_call_id, token)
+                return TransitionResult.MISSING
+            self._put(tool_call_id, ModelRecord(Status.UNKNOWN, key, token, attempt, None, False, 0.0))
+            return TransitionResult.RECREATED
         if record.owner != token:
             return TransitionResult.SUPERSEDED
         if record.status is Status.PENDING:
             if settlement is Settlement.RELEASE:
-                del self.records[tool_call_id]
+                self._bury(tool_call_id, token)
             else:
                 self._put(tool_call_id, replace(record, status=Status.UNKNOWN))
         return TransitionResult.OK
 
-    def resolve(
-        self, tool_call_id: str, verdict: Status | Settlement, expect_key: str | None, value: bytes | None
+    def resolve(  # noqa: PLR0917
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement,
+        expect_key: str | None,
+        expect_status: Status | None,
+        expect_owner: str | None,
+        value: bytes | None,
     ) -> TransitionResult:
-        record = self.records.get(tool_call_id)
+        record = self.visible(tool_call_id)
         if record is None:
             return TransitionResult.MISSING
         if expect_key is not None and record.key != expect_key:
             return TransitionResult.MISMATCH
+        if (expect_status is not None and record.status is not expect_status) or (
+            expect_owner is not None and record.owner != expect_owner
+        ):
+            return TransitionResult.CHANGED
         if verdict is Settlement.RELEASE:
-            del self.records[tool_call_id]
+            self._bury(tool_call_id, OPERATOR)
         elif verdict is Status.COMMITTED:
             self._put(
                 tool_call_id,
@@ -128,7 +164,7 @@ class Model:
         return TransitionResult.OK
 
     def advance(self, seconds: float) -> list[str]:
-        """Time passes; returns the ids whose records expired."""
+        """Time passes; returns the ids whose records (or tombstones) expired."""
         self.now += seconds
         gone = [i for i, r in self.records.items() if r.expires_at <= self.now]
         for tool_call_id in gone:
@@ -145,6 +181,7 @@ def _outcome_tuple(outcome: BeginOutcome) -> tuple[Any, ...]:
 ids = st.sampled_from(IDS)
 tokens = st.sampled_from(TOKENS)
 values = st.none() | st.binary(min_size=1, max_size=8)
+attempts = st.sampled_from([1, 2])
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -160,32 +197,59 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(tool_call_id=ids, key=st.sampled_from(KEYS), token=tokens, reversible=st.booleans())
     def begin(self, tool_call_id: str, key: str, token: str, reversible: bool) -> None:
-        got = self.store.begin(BeginRequest(tool_call_id, key, TOOL, token, reversible))
-        assert _outcome_tuple(got) == self.model.begin(tool_call_id, key, token, reversible)
+        try:
+            got = _outcome_tuple(self.store.begin(BeginRequest(tool_call_id, key, TOOL, token, reversible)))
+        except StoreError as exc:
+            assert "late" in str(exc)
+            got = LATE
+        assert got == self.model.begin(tool_call_id, key, token, reversible)
 
-    @rule(tool_call_id=ids, token=tokens, value=values)
-    def commit(self, tool_call_id: str, token: str, value: bytes | None) -> None:
-        got = self.store.commit(tool_call_id, token, value, None)
-        assert got == self.model.commit(tool_call_id, token, value)
+    @rule(tool_call_id=ids, key=st.sampled_from(KEYS), token=tokens, attempt=attempts, value=values)
+    def commit(self, tool_call_id: str, key: str, token: str, attempt: int, value: bytes | None) -> None:
+        request = BeginRequest(tool_call_id, key, TOOL, token, False)
+        got = self.store.commit(request, attempt, value, None)
+        assert got == self.model.commit(tool_call_id, key, token, attempt, value)
 
-    @rule(tool_call_id=ids, token=tokens, settlement=st.sampled_from(list(Settlement)))
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> None:
-        assert self.store.settle(tool_call_id, token, settlement) == self.model.settle(
-            tool_call_id, token, settlement
-        )
+    @rule(
+        tool_call_id=ids,
+        key=st.sampled_from(KEYS),
+        token=tokens,
+        attempt=attempts,
+        settlement=st.sampled_from(list(Settlement)),
+    )
+    def settle(self, tool_call_id: str, key: str, token: str, attempt: int, settlement: Settlement) -> None:
+        request = BeginRequest(tool_call_id, key, TOOL, token, False)
+        got = self.store.settle(request, attempt, settlement)
+        assert got == self.model.settle(tool_call_id, key, token, attempt, settlement)
 
     @rule(
         tool_call_id=ids,
         verdict=st.sampled_from([Status.COMMITTED, Status.UNKNOWN, Settlement.RELEASE]),
         expect_key=st.none() | st.sampled_from(KEYS),
+        expect_status=st.none() | st.sampled_from(list(Status)),
+        expect_owner=st.none() | tokens,
         value=values,
     )
-    def resolve(
-        self, tool_call_id: str, verdict: Status | Settlement, expect_key: str | None, value: bytes | None
+    def resolve(  # noqa: PLR0917
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement,
+        expect_key: str | None,
+        expect_status: Status | None,
+        expect_owner: str | None,
+        value: bytes | None,
     ) -> None:
         value = value if verdict is Status.COMMITTED else None
-        got = self.store.resolve(tool_call_id, verdict, expect_key=expect_key, value=value)
-        assert got == self.model.resolve(tool_call_id, verdict, expect_key, value)
+        got = self.store.resolve(
+            tool_call_id,
+            verdict,
+            expect_key=expect_key,
+            expect_status=expect_status,
+            expect_owner=expect_owner,
+            value=value,
+        )
+        want = self.model.resolve(tool_call_id, verdict, expect_key, expect_status, expect_owner, value)
+        assert got == want
 
     @rule(seconds=st.sampled_from([5.0, 15.0, 150.0]))
     def time_passes(self, seconds: float) -> None:
@@ -196,7 +260,7 @@ class StoreMachine(RuleBasedStateMachine):
     def records_match(self) -> None:
         for tool_call_id in IDS:
             record = self.store.get(tool_call_id)
-            expected = self.model.records.get(tool_call_id)
+            expected = self.model.visible(tool_call_id)
             if expected is None:
                 assert record is None, f"{tool_call_id}: store has {record}, model has nothing"
                 continue
@@ -281,15 +345,15 @@ def test_the_model_would_catch_a_store_that_diverges() -> None:
 
     class LaxStore(InMemoryEffectStore):
         def commit(
-            self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+            self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
         ) -> TransitionResult:
-            record = self.get(tool_call_id)
-            if record is not None and record.owner != token:
-                token = record.owner  # ignores the fence
-            return super().commit(tool_call_id, token, value, mac)
+            record = self.get(request.tool_call_id)
+            if record is not None and record.owner != request.token:
+                request = replace(request, token=record.owner)  # ignores the fence
+            return super().commit(request, attempt, value, mac)
 
     def make() -> EffectStore:
-        return LaxStore(committed_ttl=1e9, pending_ttl=1e9, unknown_ttl=1e9)
+        return LaxStore(committed_ttl=1e8, pending_ttl=1e8, unknown_ttl=1e8)
 
     def expire(store: EffectStore, gone: list[str], seconds: float) -> None:
         raise AssertionError("no expiry in this run")

@@ -475,15 +475,13 @@ def test_guard_resolve_api(host: Host) -> None:
     host.lost("call-1")
     record = host.store.get("call-1")
     assert record is not None
-    assert host.guard.resolve("call-1", "release", expect_key="0" * 64).value == "mismatch"
-    assert host.guard.resolve("nope", "release").value == "missing"
+    assert host.guard.resolve("call-1", "release", force=True, expect_key="0" * 64).value == "mismatch"
+    assert host.guard.resolve("nope", "release", force=True).value == "missing"
     with pytest.raises(ValueError):
-        host.guard.resolve("call-1", "pending")
+        host.guard.resolve("call-1", "pending", seen=record)
     with pytest.raises(ValueError):
-        host.guard.resolve("call-1", "release", value=1)
-    result = asyncio.run(
-        host.guard.aresolve("call-1", Status.COMMITTED, expect_key=record.idempotency_key, value=[1, 2])
-    )
+        host.guard.resolve("call-1", "release", seen=record, value=1)
+    result = asyncio.run(host.guard.aresolve("call-1", Status.COMMITTED, seen=record, value=[1, 2]))
     assert result.value == "ok"
     assert host.retry("call-1") == [1, 2]
 

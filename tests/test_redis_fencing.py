@@ -26,6 +26,7 @@ from airlock_redis import (
     RedisEffectStore,
     Settlement,
     Status,
+    StoreError,
     TransitionResult,
     idempotency_key,
     reversibility,
@@ -57,14 +58,16 @@ class Ops:
         return await self.store.abegin(request)
 
     async def commit(self, tool_call_id: str, token: str, value: bytes | None) -> TransitionResult:
+        attempt = request(tool_call_id, token)
         if self.mode == "sync":
-            return self.store.commit(tool_call_id, token, value, None)
-        return await self.store.acommit(tool_call_id, token, value, None)
+            return self.store.commit(attempt, 1, value, None)
+        return await self.store.acommit(attempt, 1, value, None)
 
     async def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+        attempt = request(tool_call_id, token)
         if self.mode == "sync":
-            return self.store.settle(tool_call_id, token, settlement)
-        return await self.store.asettle(tool_call_id, token, settlement)
+            return self.store.settle(attempt, 1, settlement)
+        return await self.store.asettle(attempt, 1, settlement)
 
     async def get(self, tool_call_id: str) -> Record | None:
         if self.mode == "sync":
@@ -159,13 +162,42 @@ def test_commit_resent_is_ok_and_keeps_the_first_value(rstore: RedisEffectStore,
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_commit_and_settle_on_a_missing_record_report_missing(rstore: RedisEffectStore, mode: str) -> None:
+def test_commit_on_a_missing_record_writes_it_again_committed(rstore: RedisEffectStore, mode: str) -> None:
+    """The pending record expired while the tool ran: the call ran, so the commit writes the truth."""
+
     async def scenario(ops: Ops) -> None:
-        assert await ops.commit("call-none", "token-x", b"v") is TransitionResult.MISSING
-        for settlement in Settlement:
-            assert await ops.settle("call-none", "token-x", settlement) is TransitionResult.MISSING
-        assert await ops.get("call-none") is None
-        assert ops.keys() == []  # nothing was created on the way
+        assert await ops.commit("call-none", "token-x", b"v") is TransitionResult.RECREATED
+        record = await ops.get("call-none")
+        assert record is not None
+        got = (record.status, record.idempotency_key, record.tool, record.owner, record.value)
+        assert got == (Status.COMMITTED, KEY, TOOL, "token-x", b"v")
+        assert await ops.commit("call-none", "token-x", b"v") is TransitionResult.OK  # a re-send
+        replay = await ops.begin(request("call-none"))
+        assert replay == BeginOutcome(BeginKind.COMMITTED, 1, value=b"v")
+
+    play(rstore, mode, scenario)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_settle_on_a_missing_record(rstore: RedisEffectStore, mode: str) -> None:
+    """Unknown with no record left writes it again (the call ran and is in doubt); a release that
+    finds nothing leaves a tombstone of its token, invisible to readers, that a late begin of the
+    same attempt cannot pass."""
+
+    async def scenario(ops: Ops) -> None:
+        assert await ops.settle("call-u", "token-x", Settlement.UNKNOWN) is TransitionResult.RECREATED
+        record = await ops.get("call-u")
+        assert record is not None
+        assert (record.status, record.idempotency_key, record.owner) == (Status.UNKNOWN, KEY, "token-x")
+        assert await ops.begin(request("call-u")) == BeginOutcome(BeginKind.UNKNOWN, 1)
+
+        assert await ops.settle("call-r", "token-x", Settlement.RELEASE) is TransitionResult.MISSING
+        assert await ops.get("call-r") is None
+        assert await ops.settle("call-r", "token-x", Settlement.RELEASE) is TransitionResult.OK  # re-send
+        with pytest.raises(StoreError, match="late"):
+            await ops.begin(request("call-r", "token-x"))  # this attempt's begin, arriving late
+        assert await ops.get("call-r") is None
+        assert (await ops.begin(request("call-r"))).kind is BeginKind.STARTED  # any other attempt
 
     play(rstore, mode, scenario)
 
@@ -189,14 +221,15 @@ def test_settle_unknown_resent_is_ok_and_stays_unknown(rstore: RedisEffectStore,
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_settle_release_resent_finds_nothing_left(rstore: RedisEffectStore, mode: str) -> None:
+def test_settle_release_resent_finds_its_tombstone(rstore: RedisEffectStore, mode: str) -> None:
     async def scenario(ops: Ops) -> None:
         begun = request("call-s2")
         await ops.begin(begun)
         assert await ops.settle("call-s2", begun.token, Settlement.RELEASE) is TransitionResult.OK
         assert await ops.get("call-s2") is None
-        assert await ops.settle("call-s2", begun.token, Settlement.RELEASE) is TransitionResult.MISSING
-        assert ops.keys() == []
+        assert await ops.settle("call-s2", begun.token, Settlement.RELEASE) is TransitionResult.OK
+        assert len(ops.keys()) == 1  # the tombstone, which expires by itself
+        assert 0 < rstore.client.pttl(rstore.key("call-s2")) <= 3_600_000
         # released: the call may run again
         assert (await ops.begin(request("call-s2"))).kind is BeginKind.STARTED
 
@@ -309,20 +342,21 @@ def test_raw_scripts_sent_twice_give_the_same_answer(rstore: RedisEffectStore) -
     assert run_script(client, "begin", key, *begin_args) == [b"started", 1]
     assert client.hgetall(key) == snapshot  # the re-sent begin changed nothing
 
-    commit_args = ("token-raw", "1", b"\x91\x01", b"", 30_000, 1_700_000_000_500)
+    commit_args = ("token-raw", "1", b"\x91\x01", b"", 30_000, 1_700_000_000_500, KEY, TOOL, 1)
     assert run_script(client, "commit", key, *commit_args) == b"ok"
     snapshot = client.hgetall(key)
     assert run_script(client, "commit", key, *commit_args) == b"ok"
     assert client.hgetall(key) == snapshot
     assert snapshot[b"status"] == b"committed" and snapshot[b"value"] == b"\x91\x01"
 
-    assert run_script(client, "commit", key, "intruder", "1", b"x", b"", 30_000, 0) == b"superseded"
-    assert run_script(client, "settle", key, "intruder", "release", 30_000) == b"superseded"
+    intruder = ("intruder", "1", b"x", b"", 30_000, 0, KEY, TOOL, 1)
+    assert run_script(client, "commit", key, *intruder) == b"superseded"
+    settle_args = ("intruder", "release", 30_000, KEY, TOOL, 1, 60_000)
+    assert run_script(client, "settle", key, *settle_args) == b"superseded"
     assert client.hgetall(key) == snapshot
     missing = rstore.key("call-raw-missing")
-    assert run_script(client, "commit", missing, "t", "1", b"x", b"", 30_000, 0) == b"missing"
-    assert run_script(client, "settle", missing, "t", "unknown", 30_000) == b"missing"
-    assert client.exists(missing) == 0
+    assert run_script(client, "commit", missing, "t", "1", b"x", b"", 30_000, 0, KEY, TOOL, 1) == b"recreated"
+    assert run_script(client, "commit", missing, "t", "1", b"x", b"", 30_000, 0, KEY, TOOL, 1) == b"ok"
 
 
 # -- redis-py re-sends a command whose reply was lost (real server, real TCP) ------------------------

@@ -68,7 +68,7 @@ def test_each_transition_sets_the_ttl_of_its_status(ttl_store: RedisEffectStore)
     assert store.begin(request("call-1", "a")).kind is BeginKind.STARTED
     assert_ttl(store, "call-1", PENDING_S)
     push_far(store, "call-1")
-    assert store.commit("call-1", "a", b"booked", None) is TransitionResult.OK
+    assert store.commit(request("call-1", "a"), 1, b"booked", None) is TransitionResult.OK
     assert_ttl(store, "call-1", COMMITTED_S)
     record = store.get("call-1")
     assert record is not None and record.ttl_ms is not None
@@ -76,7 +76,7 @@ def test_each_transition_sets_the_ttl_of_its_status(ttl_store: RedisEffectStore)
 
     store.begin(request("call-2", "a"))
     push_far(store, "call-2")
-    assert store.settle("call-2", "a", Settlement.UNKNOWN) is TransitionResult.OK
+    assert store.settle(request("call-2", "a"), 1, Settlement.UNKNOWN) is TransitionResult.OK
     assert_ttl(store, "call-2", UNKNOWN_S)
 
 
@@ -87,7 +87,7 @@ def test_reversible_take_over_resets_the_pending_ttl(ttl_store: RedisEffectStore
     assert store.begin(request("call-3", "b", reversible=True)).attempt == 2  # take-over of pending
     assert_ttl(store, "call-3", PENDING_S)
 
-    store.settle("call-3", "b", Settlement.UNKNOWN)
+    store.settle(request("call-3", "b"), 1, Settlement.UNKNOWN)
     assert_ttl(store, "call-3", UNKNOWN_S)
     push_far(store, "call-3")
     assert store.begin(request("call-3", "c", reversible=True)).attempt == 3  # take-over of unknown
@@ -99,13 +99,15 @@ def test_refusals_replays_and_resends_leave_the_ttl_alone(ttl_store: RedisEffect
     store = ttl_store
     store.begin(request("call-4", "a"))
     push_far(store, "call-4")
-    assert store.begin(request("call-4", "a")).kind is BeginKind.STARTED  # re-send
     assert store.begin(request("call-4", "b")).kind is BeginKind.PENDING  # refused retry
     assert int(store.client.pttl(store.key("call-4"))) > FAR_MS - SLACK_MS
-    store.commit("call-4", "a", b"v", None)
+    # a re-sent begin writes again (what a WAIT after it covers): the pending TTL starts over
+    assert store.begin(request("call-4", "a")).kind is BeginKind.STARTED
+    assert int(store.client.pttl(store.key("call-4"))) <= PENDING_S * 1000
+    store.commit(request("call-4", "a"), 1, b"v", None)
     push_far(store, "call-4")
     assert store.begin(request("call-4", "c")).kind is BeginKind.COMMITTED  # replay
-    assert store.commit("call-4", "a", b"v", None) is TransitionResult.OK  # re-sent commit
+    assert store.commit(request("call-4", "a"), 1, b"v", None) is TransitionResult.OK  # re-sent commit
     assert int(store.client.pttl(store.key("call-4"))) > FAR_MS - SLACK_MS
 
 
@@ -116,11 +118,11 @@ def test_async_transitions_set_the_same_ttls(ttl_store: RedisEffectStore) -> Non
         await store.abegin(request("call-5", "a"))
         assert_ttl(store, "call-5", PENDING_S)
         push_far(store, "call-5")
-        await store.acommit("call-5", "a", b"v", None)
+        await store.acommit(request("call-5", "a"), 1, b"v", None)
         assert_ttl(store, "call-5", COMMITTED_S)
         await store.abegin(request("call-6", "a"))
         push_far(store, "call-6")
-        await store.asettle("call-6", "a", Settlement.UNKNOWN)
+        await store.asettle(request("call-6", "a"), 1, Settlement.UNKNOWN)
         assert_ttl(store, "call-6", UNKNOWN_S)
         await store.aclose()
 

@@ -155,7 +155,7 @@ def test_resolved_value_is_signed(redis_server: EmbeddedRedis, namespace: str) -
     tool = guard.wrap(charge)
     with tool_call_context("call-1"), pytest.raises(TimeoutError):
         tool(account="acct_1", cents=5)
-    assert guard.resolve("call-1", "committed", value={"receipt": "from-backend"}).value == "ok"
+    assert guard.resolve("call-1", "committed", force=True, value={"receipt": "from-backend"}).value == "ok"
     with tool_call_context("call-1"):
         assert tool(account="acct_1", cents=5) == {"receipt": "from-backend"}
     # another guard with a different key refuses what this one signed

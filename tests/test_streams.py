@@ -29,7 +29,7 @@ def test_an_async_generator_replays_an_operators_stored_value_item_by_item(store
     assert record is not None and record.status.value == "unknown"
     with pytest.raises(EffectRefused, match="effect_status_unknown"):
         asyncio.run(collect())
-    guard.resolve("s-1", "committed", value=[7, 8])
+    guard.resolve("s-1", "committed", force=True, value=[7, 8])
     assert asyncio.run(collect()) == [7, 8]
     assert produced == [0, 1, 2]
 

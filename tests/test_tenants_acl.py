@@ -17,7 +17,7 @@ from airlock_redis.embedded import EmbeddedRedis
 pytestmark = pytest.mark.redis_server
 
 # What a tenant's guard needs, and nothing else: the scripts (EVALSHA, and SCRIPT LOAD when the
-# server's script cache is cold), the commands the scripts call (HMGET, HSET, PEXPIRE, DEL), and the
+# server's script cache is cold), the commands the scripts call (HMGET, HSET, PEXPIRE, DEL, EXISTS), and the
 # reads of RedisEffectStore.get (HGETALL, PTTL) and ping. No SCAN/KEYS: SCAN ignores key patterns
 # and would show a tenant the other tenants' key names.
 TENANT_COMMANDS = [
@@ -28,6 +28,7 @@ TENANT_COMMANDS = [
     "+hset",
     "+pexpire",
     "+del",
+    "+exists",
     "+hgetall",
     "+pttl",
     "+ping",
@@ -99,7 +100,7 @@ def test_each_tenant_works_in_its_own_namespace(tenants: dict[str, str]) -> None
         a.lost(account="x")
     record = a.store.get("call-2")
     assert record is not None and record.status.value == "unknown"
-    assert a.guard.resolve("call-2", "release").value == "ok"
+    assert a.guard.resolve("call-2", "release", force=True).value == "ok"
     assert a.store.ping()
 
     async def async_path() -> Any:
@@ -136,9 +137,9 @@ def test_tenant_a_cannot_read_replay_or_resolve_tenant_b(tenants: dict[str, str]
     assert "NoPermissionError" in str(refused.value)
     assert intruder.runs == 0
     with pytest.raises(StoreError, match="NoPermissionError"):
-        intruder.guard.resolve("call-b-lost", "release")
+        intruder.guard.resolve("call-b-lost", "release", force=True)
     with pytest.raises(StoreError, match="NoPermissionError"):
-        intruder.guard.resolve("call-b", "committed", value={"forged": True})
+        intruder.guard.resolve("call-b", "committed", force=True, value={"forged": True})
 
     # tenant B's records are untouched
     record = b.store.get("call-b-lost")

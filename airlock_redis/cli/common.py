@@ -38,6 +38,7 @@ EXIT_REFUSED = 3  # resolve: the record's idempotency key is not --expect-key
 EXIT_NOT_CONFIRMED = 4  # resolve: the operator declined, or no --yes and no answer on stdin
 EXIT_STORE_ERROR = 5  # Redis unreachable, or it refused the command (ACL, auth)
 EXIT_AUDIT_FAILED = 6  # resolve: the audit log cannot be written, so nothing was done
+EXIT_CHANGED = 7  # resolve: the record changed after it was shown (e.g. the tool committed): nothing done
 
 
 @contextmanager

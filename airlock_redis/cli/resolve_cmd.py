@@ -19,13 +19,15 @@ from typing import Any
 
 from ..core.codec import encode_result
 from ..core.errors import ResultEncodingError, StoreError
-from ..core.records import TransitionResult
+from ..core.records import Status, TransitionResult
 from ..core.signing import Signer
+from ..core.verdicts import Fence
 from ..guard import EffectGuard
-from ..operator import AUDIT_LOG_ENV, AuditLog, audit_log_path, digest, read_record
+from ..operator import AUDIT_LOG_ENV, AuditLog, RecordView, audit_log_path, digest, read_record
 from ..redaction import redact
 from .common import (
     EXIT_AUDIT_FAILED,
+    EXIT_CHANGED,
     EXIT_NOT_CONFIRMED,
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -72,6 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-key", help="refuse unless the record's idempotency key is this one")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="apply the verdict even if the record changed after it was shown (its status or owner)",
+    )
+    parser.add_argument(
         "--audit-log",
         default=None,
         help=f"JSON-lines audit file (default: ${AUDIT_LOG_ENV}, else ./airlock-redis-audit.jsonl)",
@@ -84,7 +91,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.epilog = (
         "exit codes: 0 resolved, 1 no such record, 2 bad arguments, 3 idempotency key differs from "
-        "--expect-key, 4 not confirmed, 5 Redis error, 6 audit log not writable"
+        "--expect-key, 4 not confirmed, 5 Redis error, 6 audit log not writable, 7 the record changed "
+        "after it was shown"
     )  # fmt: skip
 
 
@@ -176,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         with audit:
             guard = EffectGuard(store, signing_key=signing_key)
             expect = view.idempotency_key if view.idempotency_key else args.expect_key
+            fence = shown_fence(view, expect)
             entry: dict[str, Any] = {
                 "action": "resolve",
                 "tool_call_id": args.tool_call_id,
@@ -191,16 +200,19 @@ def run(args: argparse.Namespace) -> int:
                     "owner": view.owner,
                     "problems": list(view.problems),
                 },
+                "force": bool(args.force),
                 "value_sha256": digest(json.dumps(value, sort_keys=True).encode())
                 if value is not _NO_VALUE
                 else None,
                 "signed": bool(signing_key) and value is not _NO_VALUE,
             }
             try:
-                if value is _NO_VALUE:
-                    result = guard.resolve(args.tool_call_id, args.verdict, expect_key=expect)
-                else:
-                    result = guard.resolve(args.tool_call_id, args.verdict, expect_key=expect, value=value)
+                target: dict[str, Any] = (
+                    {"force": True, "expect_key": expect} if args.force else {"seen": fence}
+                )
+                if value is not _NO_VALUE:
+                    target["value"] = value
+                result = guard.resolve(args.tool_call_id, args.verdict, **target)
             except StoreError as exc:
                 audit.write({**entry, "result": "error", "error": str(exc)})
                 return _fail(EXIT_STORE_ERROR, str(exc))
@@ -217,4 +229,16 @@ def run(args: argparse.Namespace) -> int:
         return _fail(
             EXIT_NOT_FOUND, "the record disappeared before it could be resolved (expired or released)"
         )
+    if result is TransitionResult.CHANGED:
+        return _fail(
+            EXIT_CHANGED,
+            "refused: the record changed after it was shown (it committed, or another attempt or "
+            "operator took it); nothing was changed. Inspect it again, or pass --force",
+        )
     return _fail(EXIT_REFUSED, "refused: the record was replaced by another call since it was shown")
+
+
+def shown_fence(view: RecordView, expect_key: str | None) -> Fence:
+    """What the record must still be for the verdict to apply: what the operator was shown."""
+    status = Status(view.status) if view.status in {s.value for s in Status} else None
+    return Fence(key=expect_key, status=status, owner=view.owner or None)

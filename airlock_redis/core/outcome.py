@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import EffectOutcomeUnknown
+from .errors import CorruptRecordError, EffectOutcomeUnknown, StoreError
 from .records import Settlement
 
 DEFAULT_AMBIGUOUS_ERRORS: tuple[type[BaseException], ...] = (
@@ -45,3 +45,10 @@ def settlement_for_error(error: BaseException, ambiguous: tuple[type[BaseExcepti
     if isinstance(error, ambiguous) or not isinstance(error, Exception):
         return Settlement.UNKNOWN
     return Settlement.RELEASE
+
+
+def gives_back_after_failed_begin(error: StoreError) -> bool:
+    """A begin that failed may still have landed (its reply was lost: a timeout, a dropped
+    connection), so the attempt gives back whatever it may hold. Not when the store answered that the
+    record is corrupt: the begin changed nothing then."""
+    return error.maybe_applied and not isinstance(error, CorruptRecordError)

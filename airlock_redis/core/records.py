@@ -38,6 +38,14 @@ class TransitionResult(str, enum.Enum):
     SUPERSEDED = "superseded"  # another attempt (or an operator) owns the record now
     MISSING = "missing"  # no record (expired, released or resolved away)
     MISMATCH = "mismatch"  # resolve: the record's idempotency key is not the expected one
+    CHANGED = "changed"  # resolve: the record is no longer the one the operator was shown
+    RECREATED = "recreated"  # commit/settle found no record (it expired while the tool ran): written again
+
+
+# A released record's tombstone: it keeps the releasing attempt's token for a short while, so that a
+# request of that attempt arriving late (a delayed begin, a client's re-send) writes nothing. To every
+# reader it is no record at all.
+RELEASED = "released"
 
 
 @dataclass(frozen=True, slots=True)

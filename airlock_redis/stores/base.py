@@ -27,13 +27,18 @@ class EffectStore(Protocol):
         ...
 
     def commit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
-        """Owner only: mark the call committed with its value (None: ran, result not storable)."""
+        """Owner (``request.token``) only: mark the call committed with its value (None: ran, result
+        not storable). No record left (it expired while the tool ran, or was given back) -> written
+        again as committed, RECREATED: the call ran, and the record must say so."""
         ...
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
-        """Owner only: mark a pending call unknown, or release (delete) it."""
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """Owner only: mark a pending call unknown, or release it. A release leaves a short-lived
+        tombstone of the token (a late begin of this attempt then records nothing); a release that
+        finds no record leaves one too and answers MISSING. UNKNOWN with no record left -> written
+        again as unknown, RECREATED."""
         ...
 
     def get(self, tool_call_id: str) -> Record | None:
@@ -46,19 +51,27 @@ class EffectStore(Protocol):
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
-        """The operator's verdict on a record: committed (with a value), unknown, or release."""
+        """The operator's verdict on a record: committed (with a value), unknown, or release.
+
+        Fenced on what the operator was shown: MISMATCH when the idempotency key is not
+        ``expect_key``, CHANGED when the status or owner is not ``expect_status`` / ``expect_owner``
+        (None skips a check); nothing is changed then."""
         ...
 
     async def abegin(self, request: BeginRequest) -> BeginOutcome: ...
 
     async def acommit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult: ...
 
-    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult: ...
+    async def asettle(
+        self, request: BeginRequest, attempt: int, settlement: Settlement
+    ) -> TransitionResult: ...
 
     async def aget(self, tool_call_id: str) -> Record | None: ...
 
@@ -68,6 +81,8 @@ class EffectStore(Protocol):
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult: ...

@@ -74,8 +74,11 @@ class ReplicaWait:
     def __init__(self, replicas: int, timeout: float) -> None:
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
             raise ValueError("wait_replicas must be a positive integer (0 turns waiting off)")
-        if not timeout > 0:
-            raise ValueError("wait_timeout must be positive (WAIT with 0 would block forever)")
+        if not isinstance(timeout, (int, float)) or not 0 < timeout <= 3600:
+            raise ValueError(
+                "wait_timeout must be a finite number of seconds above 0 (WAIT with 0 would block "
+                f"forever) and at most 3600, not {timeout!r}"
+            )
         self.replicas = replicas
         self.timeout = float(timeout)
         self.timeout_ms = max(1, round(timeout * 1000))

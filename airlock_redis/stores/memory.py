@@ -1,4 +1,8 @@
-"""An effect store inside one process: the default, and the reference for the Redis store."""
+"""An effect store inside one process: the default, and the reference for the Redis store.
+
+Its transitions are the Lua scripts' (``lua/*.lua``), rule for rule; ``tests/test_model_check.py``
+keeps the two equal.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from ..core.errors import StoreError
 from ..core.records import (
     BeginKind,
     BeginOutcome,
@@ -17,11 +22,12 @@ from ..core.records import (
     TransitionResult,
 )
 from .base import check_verdict
-from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, StatusTTLs
+from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
 
 
 class _Row:
-    """One call's record, changed in place under the store's lock."""
+    """One call's record, changed in place under the store's lock. ``status`` None: a tombstone of
+    ``owner`` (see :data:`~airlock_redis.core.records.RELEASED`)."""
 
     __slots__ = (
         "attempt",
@@ -37,16 +43,16 @@ class _Row:
         "value",
     )
 
-    def __init__(self, request: BeginRequest, now_ms: int) -> None:
-        self.status = Status.PENDING
+    def __init__(self, request: BeginRequest, attempt: int, status: Status | None, now_ms: int) -> None:
+        self.status: Status | None = status
         self.key = request.idempotency_key
         self.tool = request.tool
         self.owner = request.token
-        self.attempt = 1
+        self.attempt = attempt
         self.value: bytes | None = None
         self.stored = False
         self.mac: bytes | None = None
-        self.begun_ms = now_ms
+        self.begun_ms: int | None = now_ms
         self.committed_ms: int | None = None
         self.expires_at = 0.0  # on the store's clock, seconds
 
@@ -81,6 +87,7 @@ class InMemoryEffectStore:
 
     # -- helpers (call with the lock held) -------------------------------------------------------
     def _live(self, tool_call_id: str) -> _Row | None:
+        """The row, tombstones included; None when there is none or it expired."""
         row = self._rows.get(tool_call_id)
         if row is not None and row.expires_at <= self._clock():
             del self._rows[tool_call_id]
@@ -89,7 +96,18 @@ class InMemoryEffectStore:
 
     def _keep(self, row: _Row) -> None:
         """Restart the row's TTL for its (new) status."""
-        row.expires_at = self._clock() + self.ttls.seconds(row.status)
+        ttl = TOMBSTONE_TTL if row.status is None else self.ttls.seconds(row.status)
+        row.expires_at = self._clock() + ttl
+
+    def _put(self, tool_call_id: str, row: _Row) -> None:
+        self._rows[tool_call_id] = row
+        self._keep(row)
+
+    def _bury(self, tool_call_id: str, owner: str) -> None:
+        """Replace the record by a tombstone of ``owner``."""
+        row = _Row(BeginRequest(tool_call_id, "", "", owner, False), 0, None, 0)
+        row.begun_ms = None
+        self._put(tool_call_id, row)
 
     @staticmethod
     def _now_ms() -> int:
@@ -99,9 +117,10 @@ class InMemoryEffectStore:
     def begin(self, request: BeginRequest) -> BeginOutcome:
         with self._lock:
             row = self._live(request.tool_call_id)
-            if row is None:
-                row = self._rows[request.tool_call_id] = _Row(request, self._now_ms())
-                self._keep(row)
+            if row is not None and row.status is None and row.owner == request.token:
+                raise _late_begin()
+            if row is None or row.status is None:
+                self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, self._now_ms()))
                 return BeginOutcome(BeginKind.STARTED, attempt=1)
             if row.key != request.idempotency_key or row.tool != request.tool:
                 return BeginOutcome(BeginKind.MISMATCH, row.attempt, tool=row.tool, idempotency_key=row.key)
@@ -109,6 +128,7 @@ class InMemoryEffectStore:
                 value = row.value if row.stored else None
                 return BeginOutcome(BeginKind.COMMITTED, row.attempt, value=value, mac=row.mac)
             if row.owner == request.token and row.status is Status.PENDING:
+                self._keep(row)
                 return BeginOutcome(BeginKind.STARTED, row.attempt)
             if request.reversible:
                 row.status = Status.PENDING
@@ -120,29 +140,40 @@ class InMemoryEffectStore:
             return BeginOutcome(BeginKind(row.status.value), row.attempt)
 
     def commit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         with self._lock:
-            row = self._live(tool_call_id)
-            if row is None:
-                return TransitionResult.MISSING
-            if row.owner != token:
+            row = self._live(request.tool_call_id)
+            if row is None or row.status is None:
+                row = _Row(request, attempt, Status.COMMITTED, self._now_ms())
+                row.begun_ms = None
+                row.commit(request.token, value, mac, self._now_ms())
+                self._put(request.tool_call_id, row)
+                return TransitionResult.RECREATED
+            if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is not Status.COMMITTED:
-                row.commit(token, value, mac, self._now_ms())
+                row.commit(request.token, value, mac, self._now_ms())
                 self._keep(row)
             return TransitionResult.OK
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         with self._lock:
+            tool_call_id = request.tool_call_id
             row = self._live(tool_call_id)
-            if row is None:
-                return TransitionResult.MISSING
-            if row.owner != token:
+            if row is None or (row.status is None and row.owner != request.token):
+                if settlement is Settlement.RELEASE:
+                    self._bury(tool_call_id, request.token)
+                    return TransitionResult.MISSING
+                row = _Row(request, attempt, Status.UNKNOWN, self._now_ms())
+                row.begun_ms = None
+                self._put(tool_call_id, row)
+                return TransitionResult.RECREATED
+            if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is Status.PENDING:
                 if settlement is Settlement.RELEASE:
-                    del self._rows[tool_call_id]
+                    self._bury(tool_call_id, request.token)
                 else:
                     row.status = Status.UNKNOWN
                     self._keep(row)
@@ -151,7 +182,7 @@ class InMemoryEffectStore:
     def get(self, tool_call_id: str) -> Record | None:
         with self._lock:
             row = self._live(tool_call_id)
-            if row is None:
+            if row is None or row.status is None:
                 return None
             return Record(
                 tool_call_id=tool_call_id,
@@ -174,20 +205,26 @@ class InMemoryEffectStore:
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
         verdict = check_verdict(verdict)
         with self._lock:
             row = self._live(tool_call_id)
-            if row is None:
+            if row is None or row.status is None:
                 return TransitionResult.MISSING
             if expect_key is not None and row.key != expect_key:
                 return TransitionResult.MISMATCH
-            if verdict is Settlement.RELEASE:
-                del self._rows[tool_call_id]
-                return TransitionResult.OK
+            if (expect_status is not None and row.status is not expect_status) or (
+                expect_owner is not None and row.owner != expect_owner
+            ):
+                return TransitionResult.CHANGED
             owner = "operator:" + secrets.token_hex(8)
+            if verdict is Settlement.RELEASE:
+                self._bury(tool_call_id, owner)
+                return TransitionResult.OK
             if verdict is Status.COMMITTED:
                 row.commit(owner, value, mac, self._now_ms())
             else:
@@ -201,12 +238,12 @@ class InMemoryEffectStore:
         return self.begin(request)
 
     async def acommit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
-        return self.commit(tool_call_id, token, value, mac)
+        return self.commit(request, attempt, value, mac)
 
-    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
-        return self.settle(tool_call_id, token, settlement)
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        return self.settle(request, attempt, settlement)
 
     async def aget(self, tool_call_id: str) -> Record | None:
         return self.get(tool_call_id)
@@ -217,7 +254,21 @@ class InMemoryEffectStore:
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
-        return self.resolve(tool_call_id, verdict, expect_key=expect_key, value=value, mac=mac)
+        return self.resolve(
+            tool_call_id,
+            verdict,
+            expect_key=expect_key,
+            expect_status=expect_status,
+            expect_owner=expect_owner,
+            value=value,
+            mac=mac,
+        )
+
+
+def _late_begin() -> StoreError:
+    return StoreError("this attempt already gave its record back; a begin that arrives late records nothing")

@@ -31,13 +31,22 @@ from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import ServerFacts
 from .server_facts import report as report_facts
-from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, StatusTTLs
-from .url import NODE_KWARGS, AsyncClient, SyncClient, async_twin_of_cluster, parse_url, sync_client
+from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
+from .url import (
+    NODE_KWARGS,
+    AsyncClient,
+    SyncClient,
+    async_retry_options,
+    async_twin_of_cluster,
+    parse_url,
+    sync_client,
+)
 from .url import async_client as url_async_client
 
 T = TypeVar("T")
 
 DEFAULT_URL = "redis://localhost:6379/0"
+_TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _REDIS_FAILURES = (redis.RedisError, OSError)
 log = logging.getLogger("airlock_redis")
 
@@ -129,7 +138,11 @@ class RedisEffectStore:
                 # A blocking pool: past max_connections concurrent calls wait for a connection
                 # (up to the socket timeout) instead of failing with "Too many connections".
                 pool = aredis.BlockingConnectionPool.from_url(
-                    url, decode_responses=False, timeout=timeouts["socket_timeout"], **timeouts
+                    url,
+                    decode_responses=False,
+                    timeout=timeouts["socket_timeout"],
+                    **async_retry_options(),
+                    **timeouts,
                 )
                 return aredis.Redis.from_pool(pool)
 
@@ -299,27 +312,65 @@ class RedisEffectStore:
             _now_ms(),
         ]
 
-    def _commit_args(self, token: str, value: bytes | None, mac: bytes | None) -> list[Any]:
-        if value is None:
-            return [token, b"0", b"", mac or b"", self._committed_ms, _now_ms()]
-        return [token, b"1", value, mac or b"", self._committed_ms, _now_ms()]
+    def _commit_args(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> list[Any]:
+        stored, data = (b"0", b"") if value is None else (b"1", value)
+        return [
+            request.token,
+            stored,
+            data,
+            mac or b"",
+            self._committed_ms,
+            _now_ms(),
+            request.idempotency_key,
+            request.tool,
+            attempt,
+        ]
 
-    def _settle_args(self, token: str, settlement: Settlement) -> list[Any]:
-        return [token, settlement.value, self._unknown_ms]
+    def _settle_args(self, request: BeginRequest, attempt: int, settlement: Settlement) -> list[Any]:
+        return [
+            request.token,
+            settlement.value,
+            self._unknown_ms,
+            request.idempotency_key,
+            request.tool,
+            attempt,
+            _TOMBSTONE_MS,
+        ]
 
-    def _resolve_args(
-        self, verdict: Status | Settlement, expect_key: str | None, value: bytes | None, mac: bytes | None
+    def _resolve_args(  # noqa: PLR0917 - one argument per script argument, passed through
+        self,
+        verdict: Status | Settlement,
+        expect_key: str | None,
+        expect_status: Status | None,
+        expect_owner: str | None,
+        value: bytes | None,
+        mac: bytes | None,
     ) -> list[Any]:
         verdict = check_verdict(verdict)
         if verdict is Settlement.RELEASE:
-            name, ttl = "release", 1
+            name, ttl = "release", _TOMBSTONE_MS
         elif verdict is Status.COMMITTED:
             name, ttl = "committed", self.ttls.millis(Status.COMMITTED)
         else:
             name, ttl = "unknown", self.ttls.millis(Status.UNKNOWN)
+        # made once: a client's re-send carries the same token, and the script answers "ok" to it
         owner = "operator:" + secrets.token_hex(8)
         stored = "1" if value is not None else "0"
-        return [name, expect_key or "", owner, stored, value or b"", mac or b"", ttl, _now_ms()]
+        status = expect_status.value if expect_status is not None else ""
+        return [
+            name,
+            expect_key or "",
+            owner,
+            stored,
+            value or b"",
+            mac or b"",
+            ttl,
+            _now_ms(),
+            status,
+            expect_owner or "",
+        ]
 
     # -- blocking operations ---------------------------------------------------------------------
     def _run(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
@@ -344,12 +395,14 @@ class RedisEffectStore:
         return parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request)))
 
     def commit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
-        return parse_transition(self._run("commit", tool_call_id, self._commit_args(token, value, mac)))
+        args = self._commit_args(request, attempt, value, mac)
+        return parse_transition(self._run("commit", request.tool_call_id, args))
 
-    def settle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
-        return parse_transition(self._run("settle", tool_call_id, self._settle_args(token, settlement)))
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        args = self._settle_args(request, attempt, settlement)
+        return parse_transition(self._run("settle", request.tool_call_id, args))
 
     def resolve(
         self,
@@ -357,10 +410,12 @@ class RedisEffectStore:
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
-        args = self._resolve_args(verdict, expect_key, value, mac)
+        args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
         return parse_transition(self._run("resolve", tool_call_id, args))
 
     def get(self, tool_call_id: str) -> Record | None:
@@ -409,16 +464,14 @@ class RedisEffectStore:
         return parse_begin(await self._arun("begin", request.tool_call_id, self._begin_args(request)))
 
     async def acommit(
-        self, tool_call_id: str, token: str, value: bytes | None, mac: bytes | None
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
-        return parse_transition(
-            await self._arun("commit", tool_call_id, self._commit_args(token, value, mac))
-        )
+        args = self._commit_args(request, attempt, value, mac)
+        return parse_transition(await self._arun("commit", request.tool_call_id, args))
 
-    async def asettle(self, tool_call_id: str, token: str, settlement: Settlement) -> TransitionResult:
-        return parse_transition(
-            await self._arun("settle", tool_call_id, self._settle_args(token, settlement))
-        )
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        args = self._settle_args(request, attempt, settlement)
+        return parse_transition(await self._arun("settle", request.tool_call_id, args))
 
     async def aresolve(
         self,
@@ -426,10 +479,12 @@ class RedisEffectStore:
         verdict: Status | Settlement,
         *,
         expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
-        args = self._resolve_args(verdict, expect_key, value, mac)
+        args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
         return parse_transition(await self._arun("resolve", tool_call_id, args))
 
     async def aget(self, tool_call_id: str) -> Record | None:

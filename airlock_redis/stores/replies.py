@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import CorruptRecordError, StoreError
-from ..core.records import BeginKind, BeginOutcome, Record, Status, TransitionResult
+from ..core.records import RELEASED, BeginKind, BeginOutcome, Record, Status, TransitionResult
 
 
 def _text(value: Any) -> str:
@@ -26,6 +26,10 @@ def parse_begin(reply: Any) -> BeginOutcome:
     if _text(reply[0]) == "corrupt":
         why = _text(reply[4]) if len(reply) > 4 else "the record is malformed"
         raise CorruptRecordError(why)
+    if _text(reply[0]) == RELEASED:
+        raise StoreError(
+            "this attempt already gave its record back; a begin that arrives late records nothing"
+        )
     try:
         kind = BeginKind(_text(reply[0]))
     except ValueError:
@@ -55,6 +59,8 @@ def parse_record(tool_call_id: str, fields: dict[Any, Any], pttl: int) -> Record
     if not fields:
         return None
     data = {_text(k): v for k, v in fields.items()}
+    if _text(data.get("status", b"")) == RELEASED:
+        return None  # a tombstone: no record
     try:
         status = Status(_text(data.get("status", b"")))
     except ValueError:
@@ -64,10 +70,8 @@ def parse_record(tool_call_id: str, fields: dict[Any, Any], pttl: int) -> Record
 
     def number(name: str) -> int | None:
         raw = data.get(name)
-        try:
-            return int(raw) if raw not in (None, b"") else None
-        except ValueError:
-            return None
+        text = _text(raw) if raw is not None else ""
+        return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
     stored = _text(data.get("stored", b"0")) == "1"
     return Record(

@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 
 SCRIPT_NAMES = ("begin", "commit", "settle", "resolve")
+COMMON = "common"  # helpers every script shares, prepended to each (not a script of its own)
 
 
 def _lua_folder() -> Path:
@@ -26,4 +27,6 @@ def _lua_folder() -> Path:
 def script_source(name: str) -> str:
     if name not in SCRIPT_NAMES:
         raise KeyError(name)
-    return (_lua_folder() / f"{name}.lua").read_text(encoding="utf-8")
+    folder = _lua_folder()
+    common = (folder / f"{COMMON}.lua").read_text(encoding="utf-8")
+    return common + (folder / f"{name}.lua").read_text(encoding="utf-8")

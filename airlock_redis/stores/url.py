@@ -27,6 +27,38 @@ from redis.cluster import ClusterNode, RedisCluster
 
 from ..redaction import redact
 
+# The retry policy of the clients built here for one server or a Sentinel-managed primary: a command
+# whose connection dropped or timed out is sent again, up to RETRIES more times, after a short
+# randomised backoff. Every transition script is safe to re-send (the attempt's owner token; see
+# lua/*.lua). Cluster clients keep redis-py's own cluster retry policy, which already re-sends.
+RETRIES = 2
+RETRY_BACKOFF = (0.05, 0.5)  # seconds: base and cap of the exponential backoff with jitter
+
+
+def retry_options() -> dict[str, Any]:
+    """``retry`` and ``retry_on_error`` for a blocking client's connections."""
+    from redis.backoff import ExponentialWithJitterBackoff
+    from redis.retry import Retry
+
+    base, cap = RETRY_BACKOFF
+    return {
+        "retry": Retry(ExponentialWithJitterBackoff(base=base, cap=cap), RETRIES),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
+
+
+def async_retry_options() -> dict[str, Any]:
+    """The same policy for asyncio clients."""
+    from redis.asyncio.retry import Retry as AsyncRetry
+    from redis.backoff import ExponentialWithJitterBackoff
+
+    base, cap = RETRY_BACKOFF
+    return {
+        "retry": AsyncRetry(ExponentialWithJitterBackoff(base=base, cap=cap), RETRIES),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
+
+
 SyncClient: TypeAlias = "redis.Redis | RedisCluster"
 AsyncClient: TypeAlias = "aredis.Redis | AsyncRedisCluster"
 Kind = Literal["single", "cluster", "sentinel"]
@@ -112,12 +144,14 @@ def sync_client(url: str | RedisURL, **kwargs: Any) -> SyncClient:
     """A blocking client for ``url``; ``kwargs`` (timeouts) apply to every data connection."""
     parsed = url if isinstance(url, RedisURL) else parse_url(url)
     if parsed.kind == "single":
-        return redis.Redis.from_url(parsed.url, decode_responses=False, **kwargs)
+        return redis.Redis.from_url(parsed.url, decode_responses=False, **retry_options(), **kwargs)
     options = {**parsed.connection_kwargs(), **kwargs}
     if parsed.kind == "cluster":
         nodes = [ClusterNode(host, port) for host, port in parsed.hosts]  # type: ignore[no-untyped-call]
         return RedisCluster(startup_nodes=nodes, decode_responses=False, **options)
     from redis.sentinel import Sentinel
+
+    options.update(retry_options())
 
     sentinel = Sentinel(  # type: ignore[no-untyped-call]
         list(parsed.hosts),
@@ -134,12 +168,14 @@ def async_client(url: str | RedisURL, **kwargs: Any) -> AsyncClient:
     """An asyncio client for ``url`` (bound to the event loop that first uses it)."""
     parsed = url if isinstance(url, RedisURL) else parse_url(url)
     if parsed.kind == "single":
-        return aredis.Redis.from_url(parsed.url, decode_responses=False, **kwargs)
+        return aredis.Redis.from_url(parsed.url, decode_responses=False, **async_retry_options(), **kwargs)
     options = {**parsed.connection_kwargs(), **kwargs}
     if parsed.kind == "cluster":
         nodes = [AsyncClusterNode(host, port) for host, port in parsed.hosts]
         return AsyncRedisCluster(startup_nodes=nodes, decode_responses=False, **options)
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+
+    options.update(async_retry_options())
 
     sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
         list(parsed.hosts),
