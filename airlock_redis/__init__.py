@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from .approval import ApprovalRequest, Approver
 from .attempts import Execution
 from .context import CallContext, current_call_context, current_idempotency_key, tool_call_context
+from .core.ambiguity import AmbiguityRule, explain, is_ambiguous
 from .core.canonical import canonical_arguments, idempotency_key
 from .core.errors import (
     REFUSAL_REASONS,
@@ -55,6 +56,7 @@ __all__ = [
     "DEFAULT_AMBIGUOUS_ERRORS",
     "REFUSAL_REASONS",
     "Airlock",
+    "AmbiguityRule",
     "ApprovalDenied",
     "ApprovalRequest",
     "Approver",
@@ -91,7 +93,9 @@ __all__ = [
     "canonical_arguments",
     "current_call_context",
     "current_idempotency_key",
+    "explain",
     "idempotency_key",
+    "is_ambiguous",
     "reversibility",
     "reversibility_of",
     "tool_call_context",

@@ -538,7 +538,7 @@ def _take_state(tool: str) -> _CallState | None:
 
 
 def _note_error(guard: EffectGuard, error: BaseException) -> None:
-    settlement = settlement_for_error(error, guard.ambiguous_errors)
+    settlement = settlement_for_error(error, guard.ambiguity)
     _NOTE.set(_Note(audit={"effect": "unknown" if settlement.value == "unknown" else "released"}))
 
 

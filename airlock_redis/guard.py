@@ -21,6 +21,7 @@ from .approval import ApprovalRequest, Approver, approve, approve_blocking
 from .attempts import Execution, Reporter, Started
 from .context import current_call_context, running_key
 from .core import refusals
+from .core.ambiguity import AmbiguityRule
 from .core.callables import is_async_callable
 from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, decode_result, encode_result, return_annotation, revalidate
@@ -70,7 +71,7 @@ class EffectGuard:
         require_tool_call_id: bool = True,
         require_approval_for_irreversible: bool = False,
         target_args: Sequence[str] = (),
-        ambiguous_errors: Sequence[type[BaseException]] = DEFAULT_AMBIGUOUS_ERRORS,
+        ambiguous_errors: Sequence[type[BaseException]] | AmbiguityRule = DEFAULT_AMBIGUOUS_ERRORS,
         approver: Approver | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         signing_key: SigningKeys | None = None,
@@ -78,9 +79,7 @@ class EffectGuard:
     ) -> None:
         if isinstance(target_args, str):
             target_args = (target_args,)
-        errors = tuple(ambiguous_errors)
-        if not all(isinstance(e, type) and issubclass(e, BaseException) for e in errors):
-            raise TypeError("ambiguous_errors must be exception classes")
+        ambiguity = AmbiguityRule.of(ambiguous_errors)  # TypeError unless exception classes or a rule
         if max_result_bytes <= 0:
             raise ValueError("max_result_bytes must be positive")
         self.store: EffectStore = store if store is not None else InMemoryEffectStore()
@@ -89,7 +88,10 @@ class EffectGuard:
             require_approval_for_irreversible=bool(require_approval_for_irreversible),
             target_args=tuple(target_args),
         )
-        self.ambiguous_errors: tuple[type[BaseException], ...] = errors
+        # what decides "in doubt": these classes anywhere in the error's chain, plus the common
+        # clients' read timeouts (see core.ambiguity)
+        self.ambiguity = ambiguity
+        self.ambiguous_errors: tuple[type[BaseException], ...] = ambiguity.classes
         self.approver = approver
         self.max_result_bytes = max_result_bytes
         self._signer = Signer(signing_key) if signing_key is not None else None
@@ -446,7 +448,7 @@ class EffectGuard:
             with running_key(planned.idempotency_key):
                 value = invoke()
         except BaseException as error:
-            self._settle_blocking(step, settlement_for_error(error, self.ambiguous_errors))
+            self._settle_blocking(step, settlement_for_error(error, self.ambiguity))
             raise
         settlement = settlement_for_return(value)
         if settlement is not None:
@@ -547,10 +549,10 @@ class EffectGuard:
             outcome = await self.store.abegin(request)
         except StoreError as exc:
             if gives_back_after_failed_begin(exc):
-                await _shielded(self._arelease_lost_begin(request))
+                await _shielded(lambda: self._arelease_lost_begin(request))
             raise self._begin_failed(call, planned, exc) from exc
         except BaseException:  # cancelled (or interrupted) while begin ran
-            await _shielded(self._arelease_lost_begin(request))
+            await _shielded(lambda: self._arelease_lost_begin(request))
             raise
         step = self._step(call, planned, request, outcome, annotation, t0=t0)
         if isinstance(step, Execution):
@@ -561,7 +563,7 @@ class EffectGuard:
             with running_key(planned.idempotency_key):
                 value = await invoke()
         except BaseException as error:
-            await self._asettle(step, settlement_for_error(error, self.ambiguous_errors))
+            await self._asettle(step, settlement_for_error(error, self.ambiguity))
             raise
         settlement = settlement_for_return(value)
         if settlement is not None:
@@ -626,11 +628,15 @@ def _give_back(started: Started) -> Settlement:
     return Settlement.RELEASE if started.attempt <= 1 else Settlement.UNKNOWN
 
 
-async def _shielded(step: Awaitable[None]) -> None:
-    """Finish a store write even if the task is cancelled again while it runs. The write runs in a
-    task of its own, made only now: ``asyncio.run`` cancels the tasks that exist when it shuts down,
-    once each, and this one is not among them."""
-    task = asyncio.ensure_future(step)
+async def _shielded(send: Callable[[], Awaitable[Any]]) -> None:
+    """Run a store write to the end in a task of its own, however often the caller or the task is
+    cancelled meanwhile, then let the caller's cancellation go on.
+
+    The write is safe to send again (every transition is), so a cancellation that interrupts it
+    sends it again rather than giving up. That is what keeps ``asyncio.run`` from leaving a record
+    behind when it shuts down: it cancels every task that exists at that moment, this one included,
+    once, and then waits for them all to finish. Each write is bounded by the store's timeouts."""
+    task = asyncio.ensure_future(_to_the_end(send))
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -638,21 +644,26 @@ async def _shielded(step: Awaitable[None]) -> None:
         raise
 
 
+async def _to_the_end(send: Callable[[], Awaitable[Any]]) -> None:
+    while True:
+        try:
+            await send()
+            return
+        except asyncio.CancelledError:
+            continue  # interrupted: it may not have landed, so send it again
+        except StoreError as exc:
+            log.error("airlock_redis: a store write that had to finish failed: %s", exc)
+            return
+
+
 async def _to_completion(send: Callable[[], Awaitable[TransitionResult]]) -> TransitionResult:
     """Await a commit or settle. Cancelled while it was in flight, it may or may not have landed: send
-    it again (every transition is safe to re-send) and let it finish before the cancellation goes on.
-    The common path spawns no task."""
+    it again to the end (see :func:`_shielded`) before the cancellation goes on. The common path
+    spawns no task."""
     try:
         return await send()
     except asyncio.CancelledError:
-
-        async def again() -> None:
-            try:
-                await send()
-            except StoreError as exc:
-                log.error("airlock_redis: a commit or settle interrupted by a cancellation failed: %s", exc)
-
-        await _shielded(again())
+        await _shielded(send)
         raise
 
 

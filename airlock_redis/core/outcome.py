@@ -6,16 +6,18 @@ import inspect
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import CorruptRecordError, EffectOutcomeUnknown, StoreError
+from .ambiguity import DEFAULT_AMBIGUOUS_ERRORS, DEFAULT_RULE, AmbiguityRule, AmbiguousErrors, is_ambiguous
+from .errors import CorruptRecordError, StoreError
 from .records import Settlement
 
-DEFAULT_AMBIGUOUS_ERRORS: tuple[type[BaseException], ...] = (
-    TimeoutError,
-    ConnectionResetError,
-    ConnectionAbortedError,
-    BrokenPipeError,
-    EffectOutcomeUnknown,
-)
+__all__ = [
+    "DEFAULT_AMBIGUOUS_ERRORS",
+    "AmbiguityRule",
+    "gives_back_after_failed_begin",
+    "is_deferred",
+    "settlement_for_error",
+    "settlement_for_return",
+]
 
 
 def is_deferred(value: Any) -> bool:
@@ -25,7 +27,7 @@ def is_deferred(value: Any) -> bool:
         or inspect.isasyncgen(value)
         or inspect.isawaitable(value)
         or isinstance(value, Iterator)
-        or hasattr(value, "__anext__")
+        or hasattr(type(value), "__anext__")  # the type's: an instance __getattr__ may raise anything
     )
 
 
@@ -33,18 +35,27 @@ _PLAIN_RESULTS = frozenset({dict, list, tuple, str, bytes, int, float, bool, typ
 
 
 def settlement_for_return(value: Any) -> Settlement | None:
-    """None: commit the value. UNKNOWN: the result is deferred, its effect comes later."""
+    """None: commit the value. UNKNOWN: the result is deferred, its effect comes later. Never raises:
+    the tool has run, and a result whose type misbehaves when inspected is committed (not stored,
+    if it cannot be encoded either)."""
     if type(value) in _PLAIN_RESULTS:
         return None
-    return Settlement.UNKNOWN if is_deferred(value) else None
+    try:
+        deferred = is_deferred(value)
+    except Exception:
+        return None
+    return Settlement.UNKNOWN if deferred else None
 
 
-def settlement_for_error(error: BaseException, ambiguous: tuple[type[BaseException], ...]) -> Settlement:
-    """An ambiguous error, or anything that is not an ordinary Exception (cancellation, interrupt,
-    exit), leaves the effect in doubt; any other error releases the record."""
-    if isinstance(error, ambiguous) or not isinstance(error, Exception):
-        return Settlement.UNKNOWN
-    return Settlement.RELEASE
+def settlement_for_error(error: BaseException, ambiguous: AmbiguousErrors = DEFAULT_RULE) -> Settlement:
+    """UNKNOWN when the error leaves the effect in doubt, RELEASE otherwise.
+
+    ``ambiguous`` is an :class:`AmbiguityRule` or a tuple of classes (the guard's
+    ``ambiguous_errors``; the common clients are recognised as well). Anything that is not an
+    ordinary Exception (cancellation, interrupt, exit) is in doubt. The full rule, causes and
+    exception groups included: :mod:`airlock_redis.core.ambiguity`.
+    """
+    return Settlement.UNKNOWN if is_ambiguous(error, ambiguous) else Settlement.RELEASE
 
 
 def gives_back_after_failed_begin(error: StoreError) -> bool:
