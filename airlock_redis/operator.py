@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from .core.codec import decode_result
 from .core.errors import ResultDecodingError, StoreError
-from .core.records import Status
+from .core.records import RELEASED, Status
 from .redaction import redact
 from .stores.keys import record_key, record_pattern, slot_tag
 
@@ -189,9 +189,14 @@ def read_record(client: Any, namespace: str, tool_call_id: str) -> RecordView | 
         fields, pttl = pipe.execute()
     except Exception as exc:
         raise StoreError(redact(f"Redis did not answer: {type(exc).__name__}: {exc}")) from exc
-    if not fields:
+    if not fields or _is_tombstone(fields.get(b"status", fields.get("status"))):
         return None
     return view_from_fields(tool_call_id, fields, int(pttl))
+
+
+def _is_tombstone(status: Any) -> bool:
+    """A released record's tombstone (see core.records.RELEASED): no record to an operator."""
+    return _text(status) == RELEASED
 
 
 # -- listing ---------------------------------------------------------------------------------------
@@ -311,8 +316,8 @@ def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[Reco
     replies = pipe.execute()
     for i, (_, tool_call_id) in enumerate(parsed):
         values, value_len, pttl = replies[3 * i : 3 * i + 3]
-        if all(v is None for v in values):
-            continue  # expired or deleted since the SCAN
+        if all(v is None for v in values) or _is_tombstone(values[0]):
+            continue  # expired or deleted since the SCAN, or a released record's tombstone
         fields: dict[str, Any] = dict(zip(_FIELDS, values, strict=True))
         fields["value_len"] = value_len
         yield view_from_fields(tool_call_id, fields, int(pttl))

@@ -29,6 +29,7 @@ from airlock_redis import (
     EffectRefused,
     InMemoryEffectStore,
     RedisEffectStore,
+    Settlement,
     Status,
     TransitionResult,
     idempotency_key,
@@ -360,3 +361,22 @@ def test_a_dropped_connection_is_resent_by_a_url_built_store(
         assert record is not None and record.status is Status.COMMITTED
         assert decode_result(record.value or b"") == {"charged": 5}
         store.close()
+
+
+def test_operators_see_no_record_where_a_tombstone_stands(
+    rstore: RedisEffectStore, redis_server: EmbeddedRedis, namespace: str
+) -> None:
+    """A released record leaves a tombstone: inspect, list and resolve treat it as no record."""
+    from airlock_redis.operator import list_records, read_record
+
+    request = _pending(rstore, "tomb-1")
+    assert rstore.settle(request, 1, Settlement.RELEASE) is TransitionResult.OK
+    assert rstore.client.exists(rstore.key("tomb-1")) == 1
+    assert read_record(rstore.client, namespace, "tomb-1") is None
+    assert [v.tool_call_id for v in list_records(rstore.client, namespace).records] == []
+    inspect = subprocess.run(
+        [sys.executable, "-m", "airlock_redis", "inspect", "tomb-1", "--url", redis_server.url,
+         "--namespace", namespace],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert inspect.returncode == 1, inspect.stderr
