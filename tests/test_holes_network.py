@@ -96,6 +96,23 @@ def server_name(pair: Pair) -> str:
     return f"{info.get('server_name', 'redis')} {info.get('valkey_version', info.get('redis_version'))}"
 
 
+def call_once(guard: EffectGuard, store: RedisEffectStore, charge: Any, kind: str) -> Any:
+    """``charge(5)`` through the guard, as a blocking tool or as a coroutine in its own event loop."""
+    if kind == "sync":
+        return guard.wrap(charge)(5)
+
+    async def acharge(cents: int) -> int:
+        return int(charge(cents))
+
+    async def main() -> Any:
+        try:
+            return await guard.wrap(acharge)(5)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(main())
+
+
 # -- case 1: WAIT after a re-sent begin ------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_resent_begin_is_covered_by_its_wait(pair: Pair, kind: str) -> None:
@@ -116,23 +133,10 @@ def test_a_resent_begin_is_covered_by_its_wait(pair: Pair, kind: str) -> None:
             runs.append(cents)
             return cents
 
-        async def acharge(cents: int) -> int:
-            return charge(cents)
-
         pair.pause_replica()
         try:
             with tool_call_context(tool_call_id), pytest.raises(EffectRefused) as refused:
-                if kind == "sync":
-                    guard.wrap(charge)(5)
-                else:
-
-                    async def main() -> None:
-                        try:
-                            await guard.wrap(acharge)(5)
-                        finally:
-                            await store.aclose()
-
-                    asyncio.run(main())
+                call_once(guard, store, charge, kind)
         finally:
             pair.resume_replica()
         assert len(proxy.muted) == 1 and len(proxy.matched) >= 2, "the begin was not re-sent"
@@ -292,24 +296,11 @@ def test_a_begin_that_lands_after_its_attempt_gave_up_records_nothing(
         runs.append(cents)
         return cents
 
-    async def acharge(cents: int) -> int:
-        return charge(cents)
-
     with DelayingProxy(redis_server.socket_path, is_script_call("begin"), delay=1.5) as proxy:
         store = RedisEffectStore(f"redis://{HOST}:{proxy.port}/0", namespace=ns, socket_timeout=0.3)
         guard = EffectGuard(store)
         with tool_call_context(tool_call_id), pytest.raises(EffectRefused) as refused:
-            if kind == "sync":
-                guard.wrap(charge)(5)
-            else:
-
-                async def main() -> None:
-                    try:
-                        await guard.wrap(acharge)(5)
-                    finally:
-                        await store.aclose()
-
-                asyncio.run(main())
+            call_once(guard, store, charge, kind)
         assert refused.value.reason == "store_unavailable"
         assert direct.get(tool_call_id) is None  # gave up; its release found nothing
         wait_until("the held begins to land", lambda: proxy.delivered == proxy.delayed, 30)
