@@ -1,4 +1,4 @@
-"""The guard inside agent_airlock's ``@Airlock`` (agent-airlock 0.10.26 to 0.10.28).
+"""The guard inside agent_airlock's ``@Airlock`` (agent-airlock 0.10.26).
 
 Users change one import line::
 
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, ParamSpec, TypeVar, cast
 
-SUPPORTED_AGENT_AIRLOCK = ">=0.10.26,<0.10.29"
+SUPPORTED_AGENT_AIRLOCK = ">=0.10.26,<0.10.27"
 _MIN_VERSION = (0, 10, 26)
-_MAX_VERSION = (0, 10, 29)  # exclusive: 0.10.29 documents its own effect_guard
+_MAX_VERSION = (0, 10, 27)  # exclusive: only what the adapter tests ran against (see README)
 
 
 def _version_tuple(text: str) -> tuple[int, ...] | None:

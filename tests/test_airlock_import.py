@@ -33,16 +33,16 @@ def load_fresh() -> ModuleType:
 
 def test_the_supported_version_loads() -> None:
     module = load_fresh()
-    assert module.SUPPORTED_AGENT_AIRLOCK == ">=0.10.26,<0.10.29"
+    assert module.SUPPORTED_AGENT_AIRLOCK == ">=0.10.26,<0.10.27"
     assert issubclass(module.Airlock, agent_airlock.Airlock)
 
 
-@pytest.mark.parametrize("version", ["0.10.25", "0.10.29", "0.11.0", "1.0.0", "dev"])
+@pytest.mark.parametrize("version", ["0.10.25", "0.10.27", "0.10.29", "0.11.0", "1.0.0", "dev"])
 def test_another_version_fails_naming_the_supported_range(
     monkeypatch: pytest.MonkeyPatch, version: str
 ) -> None:
     monkeypatch.setattr(agent_airlock, "__version__", version)
-    with pytest.raises(ImportError, match=r"supports agent-airlock >=0\.10\.26,<0\.10\.29") as caught:
+    with pytest.raises(ImportError, match=r"supports agent-airlock >=0\.10\.26,<0\.10\.27") as caught:
         load_fresh()
     assert version in str(caught.value)
 
@@ -91,4 +91,4 @@ def test_the_package_imports_without_agent_airlock() -> None:
         [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert "supports agent-airlock >=0.10.26,<0.10.29" in done.stdout
+    assert "supports agent-airlock >=0.10.26,<0.10.27" in done.stdout

@@ -1,7 +1,7 @@
 """Where a call's tool_call_id comes from, and which ids the guard accepts.
 
 Only the host sets the id (``tool_call_context``); a tool argument named ``tool_call_id`` is the
-model's and is never read. An id must be a non-empty string of at most 4096 UTF-8 bytes without
+model's and is never read. An id must be a non-blank string of at most 4096 UTF-8 bytes without
 lone surrogates; any string that meets that is usable, braces and any Unicode included.
 """
 
@@ -228,7 +228,7 @@ ODD_BUT_VALID = [
     "通话-🙂-ñ",
     "*?[]\\",
     "\x00nul",
-    " ",
+    " x ",
     "airlock:effect:{deadbeef}:other",
 ]
 
@@ -267,3 +267,21 @@ def test_a_reversible_tool_with_an_id_is_still_recorded(store: EffectStore) -> N
         EffectGuard(store=store).wrap(look)("acct")
     record = store.get("rev-id")
     assert record is not None and record.status is Status.COMMITTED
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("blank", ["   ", "\t", "\n", " \u3000 "])
+def test_a_blank_id_is_as_missing_as_an_empty_one(store: EffectStore, kind: str, blank: str) -> None:
+    """An id that is only whitespace names no call: an irreversible tool is refused and does not run;
+    a reversible one runs unguarded, leaving no record."""
+    counted = Counted("charge")
+    charge = make_tool(EffectGuard(store=store), counted, kind)
+    with pytest.raises(EffectRefused) as refused:
+        call_with_id(charge, blank, "acct", 5)
+    assert refused.value.reason == "tool_call_id_required"
+    assert "blank" in str(refused.value)
+    assert counted.runs == []
+    reversible = make_tool(EffectGuard(store=store), counted, kind, "reversible")
+    call_with_id(reversible, blank, "acct", 5)
+    assert len(counted.runs) == 1
+    assert store.get(blank) is None

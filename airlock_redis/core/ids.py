@@ -12,10 +12,11 @@ MAX_TOOL_CALL_ID_BYTES = 4096
 def usable_tool_call_id(value: Any) -> str | None:
     """Return the id when ``value`` is a usable one, None when there is none.
 
-    None, a non-string and the empty string count as "no id" (the spec asks for a non-empty
-    string). A string that cannot be stored as a key raises :class:`InvalidToolCallId`.
+    None, a non-string and a string that is empty or blank (only whitespace) count as "no id": the
+    spec asks for a non-empty string, and a blank one names no call. A string that cannot be stored
+    as a key raises :class:`InvalidToolCallId`.
     """
-    if not isinstance(value, str) or value == "":
+    if not isinstance(value, str) or value == "" or value.isspace():
         return None
     try:
         encoded = value.encode("utf-8")
@@ -32,5 +33,9 @@ def describe_missing_id(value: Any) -> str:
     if value is None:
         return "the call's context carries no tool_call_id"
     if isinstance(value, str):
-        return "the call's tool_call_id is an empty string"
+        return (
+            "the call's tool_call_id is an empty string"
+            if value == ""
+            else "the call's tool_call_id is blank"
+        )
     return f"the call's tool_call_id is a {type(value).__qualname__}, not a string"
