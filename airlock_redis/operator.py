@@ -37,16 +37,18 @@ _STATUSES = {s.value for s in Status}
 _KEY_RE = re.compile(r"^(?P<ns>.*):\{(?P<tag>[0-9a-f]{16})\}:(?P<id>.*)$", re.DOTALL)
 
 # -- durations -----------------------------------------------------------------------------------
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str) -> float:
-    """``"10m"`` -> 600.0 seconds. Units: ms, s (default), m, h, d."""
+    """``"10m"`` -> 600.0 seconds. Units: ms, s, m, h, d; a bare number is refused (is "10" ten
+    seconds or ten minutes?)."""
     match = _DURATION_RE.match(text)
     if match is None:
-        raise ValueError(f"not a duration: {text!r} (examples: 90s, 10m, 2h, 1d)")
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or "s"]
+        hint = "give it a unit" if re.match(r"^\s*\d+(?:\.\d+)?\s*$", text) else "not a duration"
+        raise ValueError(f"{hint}: {text!r} (examples: 90s, 10m, 2h, 1d; units ms, s, m, h, d)")
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 
 
 def format_duration(ms: int | None) -> str:

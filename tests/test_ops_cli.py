@@ -211,10 +211,13 @@ def test_list_pages_through_everything_without_losing_records(
     assert pages >= 5
 
 
-def test_list_bad_duration_is_a_usage_error(target: list[str], capsys: Any) -> None:
+@pytest.mark.parametrize(("age", "says"), [("soon", "not a duration"), ("10", "give it a unit")])
+def test_list_bad_duration_is_a_usage_error(target: list[str], capsys: Any, age: str, says: str) -> None:
+    """A bare number is refused: is "10" ten seconds or ten minutes?"""
     with pytest.raises(SystemExit) as exit_info:
-        main(["list", *target, "--older-than", "soon"])
+        main(["list", *target, "--older-than", age])
     assert exit_info.value.code == 2
+    assert says in capsys.readouterr().err
 
 
 def test_list_works_where_keys_is_disabled(namespace: str, capsys: Any) -> None:

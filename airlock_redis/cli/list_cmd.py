@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--older-than",
         type=_duration,
         metavar="AGE",
-        help="only records begun longer ago than AGE (10m, 2h, 1d)",
+        help="only records begun longer ago than AGE, with its unit: 90s, 10m, 2h, 1d (ms, s, m, h, d)",
     )
     parser.add_argument("--limit", type=_positive, default=50, help="print at most N records (default 50)")
     parser.add_argument("--cursor", default=None, help="continue from the cursor a previous page printed")
