@@ -48,10 +48,11 @@ class Started:
 class Reporter:
     """Logs each step of an attempt, and tells the observer when there is one."""
 
-    __slots__ = ("observer",)
+    __slots__ = ("observer", "target")
 
-    def __init__(self, observer: GuardObserver | None) -> None:
+    def __init__(self, observer: GuardObserver | None, target: str | None = "") -> None:
         self.observer = observer
+        self.target = target  # the store's airlock-redis options, for the commands refusals print
 
     def begin_failed(self, tool: str, tool_call_id: str, key: str, error: StoreError) -> Exception:
         """The refusal for a begin the store could not do: record_corrupt or store_unavailable."""
@@ -70,7 +71,7 @@ class Reporter:
         if observer is not None:
             observer.store_operation("begin", None, error)
             observer.call_event("refused", tool, tool_call_id, reason="store_unavailable")
-        return refusals.store_unavailable(tool, tool_call_id, key, str(error))
+        return refusals.store_unavailable(tool, tool_call_id, key, str(error), self.target)
 
     def unreleased(self, request: BeginRequest, error: StoreError) -> None:
         log.warning(

@@ -44,7 +44,7 @@ from .core.reversibility import reversibility_of
 from .core.signing import Signer, SigningKeys
 from .core.verdicts import Fence, parse_verdict, resolve_fence
 from .observability import GuardObserver
-from .stores.base import DurableEffectStore, EffectStore
+from .stores.base import DurableEffectStore, EffectStore, RemoteEffectStore
 from .stores.memory import InMemoryEffectStore
 
 P = ParamSpec("P")
@@ -102,7 +102,9 @@ class EffectGuard:
         )
         # None: no metrics or events, and no work for them on any call (checked once per event)
         self._observer = observer
-        self._report = Reporter(observer)
+        # how an operator reaches this store from the command line (None: it lives in this process)
+        self._target: str | None = store_.operator_target if isinstance(store_, RemoteEffectStore) else None
+        self._report = Reporter(observer, self._target)
 
     @property
     def require_tool_call_id(self) -> bool:
@@ -251,7 +253,7 @@ class EffectGuard:
             raise refusals.policy_violation(call.tool, tool_call_id, key, outcome)
         if decision.reason == "result_not_stored":
             raise refusals.result_not_stored(call.tool, tool_call_id, key)
-        raise refusals.status_unknown(call.tool, tool_call_id, key, outcome)
+        raise refusals.status_unknown(call.tool, tool_call_id, key, outcome, self._target)
 
     def _observed_decide(
         self,

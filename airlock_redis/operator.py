@@ -11,6 +11,7 @@ server otherwise, and stops after a bounded number of keys; a cursor lets the ca
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import getpass
 import hashlib
 import json
@@ -352,7 +353,11 @@ class AuditLog:
         text = redact(json.dumps(line, sort_keys=True, ensure_ascii=False, default=str))
         self._file.write(text + "\n")
         self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            os.fsync(self._file.fileno())
+        except OSError as exc:  # a pipe or a device (/dev/stderr) cannot be synced; a file can
+            if exc.errno != errno.EINVAL:
+                raise
         print(f"audit: {text}", file=self._echo)
         return line
 

@@ -25,8 +25,8 @@ ADVERSARIAL_IDS = [
     "{}{x}",
     "x{y}z{w}",
     "{" * 40 + "}" * 40,
-    " ",
-    "\t\n",
+    " x",
+    "\t\nx",
     "\u00e9t\u00e9-\u65e5\u672c-\U0001f600",
     "\u200b",  # zero-width space: looks empty
     "call_" + "x" * 1024,  # 1 KB id

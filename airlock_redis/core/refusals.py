@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from .errors import (
@@ -18,21 +19,32 @@ from .records import BeginOutcome
 from .reversibility import Reversibility
 
 
-def _ask_backend(tool_call_id: str, key: str) -> str:
+def resolve_command(tool_call_id: str, verdicts: str, target: str | None) -> str:
+    """How an operator records a verdict on this call: the ``airlock-redis resolve`` command line
+    for the store's Redis (``target``: its ``--url``/``--namespace`` options), or, for a store that
+    lives in the process (``target`` None), the guard's method."""
+    if target is None:
+        return f"guard.resolve({tool_call_id!r}, ..., seen=guard.store.get({tool_call_id!r})) in the process"
+    return f"airlock-redis resolve {shlex.quote(tool_call_id)} {target} {verdicts}".replace("  ", " ")
+
+
+def _ask_backend(tool_call_id: str, key: str, target: str | None) -> str:
     return (
         f"Do not retry. Ask the backend whether the operation with idempotency key {key} took place, "
-        f"then record the answer: airlock-redis resolve {tool_call_id!r} --committed | --release."
+        f"then record the answer: {resolve_command(tool_call_id, '--committed | --release', target)}."
     )
 
 
-def status_unknown(tool: str, tool_call_id: str, key: str, outcome: BeginOutcome) -> EffectStatusUnknown:
+def status_unknown(
+    tool: str, tool_call_id: str, key: str, outcome: BeginOutcome, target: str | None = ""
+) -> EffectStatusUnknown:
     return EffectStatusUnknown(
         f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} is {outcome.kind.value} "
         f"(attempt {outcome.attempt}): it may already have taken effect, and the tool is not reversible.",
         tool=tool,
         tool_call_id=tool_call_id,
         idempotency_key=key,
-        fix_hint=_ask_backend(tool_call_id, key),
+        fix_hint=_ask_backend(tool_call_id, key, target),
     )
 
 
@@ -73,7 +85,9 @@ def record_corrupt(tool: str, tool_call_id: str, key: str, why: str) -> RecordCo
     )
 
 
-def store_unavailable(tool: str, tool_call_id: str, key: str, why: str) -> StoreUnavailable:
+def store_unavailable(
+    tool: str, tool_call_id: str, key: str, why: str, target: str | None = ""
+) -> StoreUnavailable:
     return StoreUnavailable(
         f"The effect store could not record the call, so {tool!r} did not run ({why}).",
         tool=tool,
@@ -82,7 +96,7 @@ def store_unavailable(tool: str, tool_call_id: str, key: str, why: str) -> Store
         fix_hint=(
             "Nothing took effect: retry with the same tool_call_id once the store is reachable. "
             f"If the store kept this attempt's record and a retry is refused as effect_status_unknown, "
-            f"clear it with: airlock-redis resolve {tool_call_id!r} --release."
+            f"clear it with: {resolve_command(tool_call_id, '--release', target)}."
         ),
     )
 

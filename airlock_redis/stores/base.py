@@ -102,6 +102,15 @@ def check_verdict(verdict: Status | Settlement) -> Status | Settlement:
 
 
 @runtime_checkable
+class RemoteEffectStore(Protocol):
+    """A store that ``airlock-redis`` can reach: ``operator_target`` is the options that point the
+    command at it (``--url ... --namespace ...``, no password), printed in refusals."""
+
+    @property
+    def operator_target(self) -> str: ...
+
+
+@runtime_checkable
 class DurableEffectStore(Protocol):
     """A store that can make a started attempt's pending record durable before the tool runs
     (RedisEffectStore with ``wait_replicas``). The guard calls ``ensure_durable`` after a begin that

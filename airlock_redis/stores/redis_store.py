@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import logging
 import secrets
+import shlex
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from redis.exceptions import NoScriptError
 
 from ..core.errors import CorruptRecordError, StoreError
 from ..core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
-from ..redaction import redact
+from ..redaction import redact, without_password
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
@@ -152,6 +153,13 @@ class RedisEffectStore:
         if self._client is not None:
             return async_twin_factory(self._client)
         return None
+
+    @property
+    def operator_target(self) -> str:
+        """``--url <url without its password> --namespace <namespace>``: what ``airlock-redis``
+        needs to reach these records (the operator supplies the password, if any)."""
+        url = without_password(self.url) if self.url else "<this store's Redis URL>"
+        return f"--url {shlex.quote(url)} --namespace {shlex.quote(self.namespace)}"
 
     def __repr__(self) -> str:
         where = redact(self.url) if self.url else type(self._client).__name__
