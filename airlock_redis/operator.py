@@ -32,7 +32,6 @@ from .redaction import redact
 from .stores.keys import record_key, record_pattern, slot_tag
 
 AUDIT_LOG_ENV = "AIRLOCK_REDIS_AUDIT_LOG"
-DEFAULT_AUDIT_LOG = "airlock-redis-audit.jsonl"
 _FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
 _STATUSES = {s.value for s in Status}
 _KEY_RE = re.compile(r"^(?P<ns>.*):\{(?P<tag>[0-9a-f]{16})\}:(?P<id>.*)$", re.DOTALL)
@@ -327,20 +326,48 @@ def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[Reco
 
 
 # -- the audit trail -------------------------------------------------------------------------------
-def audit_log_path(given: str | None) -> Path:
-    return Path(given or os.environ.get(AUDIT_LOG_ENV) or DEFAULT_AUDIT_LOG)
+AUDIT_STREAM_MAXLEN = 10_000  # entries kept per namespace (approximately: XADD MAXLEN ~)
+
+
+def audit_stream_key(namespace: str) -> str:
+    """The namespace's audit stream: beside the records (same ACL key pattern), never a record key."""
+    return f"{namespace}:audit"
+
+
+def audit_log_path(given: str | None) -> Path | None:
+    """The optional audit file: ``--audit-log``, else ``$AIRLOCK_REDIS_AUDIT_LOG``, else none."""
+    chosen = given or os.environ.get(AUDIT_LOG_ENV)
+    return Path(chosen) if chosen else None
+
+
+class AuditWriteError(Exception):
+    """An audit entry could not be written to the stream (after the action it describes)."""
 
 
 class AuditLog:
-    """Appends one JSON line per operator action to a file, and echoes it to stderr.
+    """One JSON entry per operator action: to the namespace's capped Redis stream, where every
+    operator and machine sees it (``airlock-redis audit``), to an optional JSON-lines file, and to
+    stderr.
 
-    The file is opened before the action, so an action that cannot be audited is not taken.
+    The file, when there is one, is opened before the action, so an action that cannot be audited
+    there is not taken. The stream entry is written after the action, with its result; if Redis
+    refuses it (an ACL without XADD), :meth:`write` raises :class:`AuditWriteError` once the file
+    and stderr have the entry.
     """
 
-    def __init__(self, path: Path, *, echo: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        *,
+        client: Any = None,
+        namespace: str | None = None,
+        echo: IO[str] | None = None,
+    ) -> None:
         self.path = path
+        self._client = client
+        self._stream = audit_stream_key(namespace) if namespace is not None else None
         self._echo = echo if echo is not None else sys.stderr
-        self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._file = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
 
     def write(self, entry: Mapping[str, Any]) -> dict[str, Any]:
         line: dict[str, Any] = {
@@ -351,24 +378,49 @@ class AuditLog:
             **entry,
         }
         text = redact(json.dumps(line, sort_keys=True, ensure_ascii=False, default=str))
-        self._file.write(text + "\n")
-        self._file.flush()
-        try:
-            os.fsync(self._file.fileno())
-        except OSError as exc:  # a pipe or a device (/dev/stderr) cannot be synced; a file can
-            if exc.errno != errno.EINVAL:
-                raise
+        if self._file is not None:
+            self._file.write(text + "\n")
+            self._file.flush()
+            try:
+                os.fsync(self._file.fileno())
+            except OSError as exc:  # a pipe or a device (/dev/stderr) cannot be synced; a file can
+                if exc.errno != errno.EINVAL:
+                    raise
         print(f"audit: {text}", file=self._echo)
+        if self._client is not None and self._stream is not None:
+            try:
+                self._client.xadd(self._stream, {"entry": text}, maxlen=AUDIT_STREAM_MAXLEN, approximate=True)
+            except Exception as exc:
+                raise AuditWriteError(redact(f"{type(exc).__name__}: {exc}")) from exc
         return line
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
     def __enter__(self) -> AuditLog:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_audit(client: Any, namespace: str, *, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries of the namespace's audit stream, newest first."""
+    try:
+        rows = client.xrevrange(audit_stream_key(namespace), count=limit)
+    except Exception as exc:
+        raise StoreError(redact(f"Redis did not answer: {type(exc).__name__}: {exc}")) from exc
+    entries = []
+    for stream_id, fields in rows:
+        raw = fields.get(b"entry", fields.get("entry"))
+        try:
+            entry = json.loads(raw)
+        except (TypeError, ValueError):
+            entry = {"unreadable": _text(raw)}
+        entry["stream_id"] = _text(stream_id)
+        entries.append(entry)
+    return entries
 
 
 def _operator_name() -> str:

@@ -500,3 +500,30 @@ def test_store_resolve_takes_plain_strings(host: Host, verdict: str) -> None:
         assert record is None
     else:
         assert record is not None and record.status.value == verdict
+
+
+def test_every_verdict_goes_to_the_namespaces_audit_stream(
+    host: Host, target: list[str], capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No --audit-log and no $AIRLOCK_REDIS_AUDIT_LOG: no file is written, and the entry is in the
+    namespace's capped stream, which `airlock-redis audit` shows to every operator."""
+    monkeypatch.delenv("AIRLOCK_REDIS_AUDIT_LOG", raising=False)
+    monkeypatch.chdir(tmp_path)
+    host.lost("call-a1")
+    assert main(["resolve", "call-a1", *target, "--release", "--yes"]) == 0
+    assert list(tmp_path.iterdir()) == []
+    capsys.readouterr()
+    assert main(["audit", *target, "--json"]) == 0
+    (entry,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (entry["tool_call_id"], entry["verdict"], entry["result"]) == ("call-a1", "release", "ok")
+    assert entry["before"]["status"] == "unknown" and entry["operator"]
+    assert main(["audit", *target]) == 0
+    assert "'call-a1'  unknown -> release  ok" in capsys.readouterr().out
+    stream = f"{host.store.namespace}:audit"
+    assert host.store.client.xlen(stream) == 1
+    assert host.store.client.type(stream) == b"stream"
+
+
+def test_audit_of_an_empty_namespace_says_so(target: list[str], capsys: Any) -> None:
+    assert main(["audit", *target]) == 0
+    assert "no verdicts recorded" in capsys.readouterr().out

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-COMMANDS = ("demo", "bench", "doctor", "inspect", "list", "resolve")
+COMMANDS = ("demo", "bench", "doctor", "inspect", "list", "resolve", "audit")
 
 
 def _load(name: str) -> ModuleType | None:

@@ -1,17 +1,24 @@
 """``airlock-redis resolve <tool_call_id> --committed [--value JSON] | --release | --unknown``.
 
 The operator's verdict on a call whose outcome was in doubt, after asking the backend about its
-idempotency key. It shows the record, asks for confirmation (unless ``--yes``), writes an audit line
-(JSON) to the audit log and to stderr, and changes the record atomically, and only if its
-idempotency key is still the one shown (or ``--expect-key``).
+idempotency key. It shows the record, asks for confirmation (unless ``--yes``), changes the record
+atomically, and only if it is still the record shown: the same idempotency key (or ``--expect-key``),
+status and owner (the attempt that holds it). A record that moved on while the operator read it (the
+tool committed, a retry took it over) is left alone; ``--force`` applies the verdict to whatever is
+there. Each verdict is audited as one JSON entry: in the namespace's capped Redis stream (``airlock-redis
+audit`` shows it), on stderr, and in a JSON-lines file when ``--audit-log`` or
+``$AIRLOCK_REDIS_AUDIT_LOG`` names one.
 
 Exit codes: 0 resolved; 1 no such record; 2 bad arguments; 3 refused, the record's idempotency key
-is not --expect-key; 4 not confirmed; 5 Redis error; 6 the audit log cannot be written (nothing done).
+is not --expect-key; 4 not confirmed; 5 Redis error; 6 the audit file cannot be written (nothing
+done), or the audit stream refused the entry (the verdict was applied; the entry is on stderr);
+7 refused, the record changed after it was shown (nothing done).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -23,7 +30,15 @@ from ..core.records import Status, TransitionResult
 from ..core.signing import Signer
 from ..core.verdicts import Fence
 from ..guard import EffectGuard
-from ..operator import AUDIT_LOG_ENV, AuditLog, RecordView, audit_log_path, digest, read_record
+from ..operator import (
+    AUDIT_LOG_ENV,
+    AuditLog,
+    AuditWriteError,
+    RecordView,
+    audit_log_path,
+    digest,
+    read_record,
+)
 from ..redaction import redact
 from .common import (
     EXIT_AUDIT_FAILED,
@@ -81,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--audit-log",
         default=None,
-        help=f"JSON-lines audit file (default: ${AUDIT_LOG_ENV}, else ./airlock-redis-audit.jsonl)",
+        help=f"also append the audit entry to this JSON-lines file (default: ${AUDIT_LOG_ENV}, else no "
+        "file; the entry always goes to the namespace's audit stream: see airlock-redis audit)",
     )
     parser.add_argument(
         "--signing-key-env",
@@ -91,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.epilog = (
         "exit codes: 0 resolved, 1 no such record, 2 bad arguments, 3 idempotency key differs from "
-        "--expect-key, 4 not confirmed, 5 Redis error, 6 audit log not writable, 7 the record changed "
+        "--expect-key, 4 not confirmed, 5 Redis error, 6 audit not written, 7 the record changed "
         "after it was shown"
     )  # fmt: skip
 
@@ -178,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             if not answer:
                 return _fail(EXIT_NOT_CONFIRMED, "not confirmed: nothing was changed")
         try:
-            audit = AuditLog(audit_log_path(args.audit_log))
+            audit = AuditLog(audit_log_path(args.audit_log), client=store.client, namespace=store.namespace)
         except OSError as exc:
             return _fail(EXIT_AUDIT_FAILED, f"cannot write the audit log, so nothing was done: {exc}")
         with audit:
@@ -214,9 +230,17 @@ def run(args: argparse.Namespace) -> int:
                     target["value"] = value
                 result = guard.resolve(args.tool_call_id, args.verdict, **target)
             except StoreError as exc:
-                audit.write({**entry, "result": "error", "error": str(exc)})
+                with contextlib.suppress(AuditWriteError):
+                    audit.write({**entry, "result": "error", "error": str(exc)})
                 return _fail(EXIT_STORE_ERROR, str(exc))
-            audit.write({**entry, "result": result.value})
+            try:
+                audit.write({**entry, "result": result.value})
+            except AuditWriteError as exc:
+                return _fail(
+                    EXIT_AUDIT_FAILED,
+                    f"the verdict was applied ({result.value}), but its audit entry could not be added "
+                    f"to the namespace's audit stream ({exc}); the entry is above",
+                )
     if args.json:
         print(
             json.dumps({"tool_call_id": args.tool_call_id, "verdict": args.verdict, "result": result.value})
