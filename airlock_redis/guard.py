@@ -14,7 +14,6 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import replace
 from typing import Any, ParamSpec, TypeVar, cast
 
 from .approval import ApprovalRequest, Approver, approve, approve_blocking
@@ -27,6 +26,7 @@ from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, decode_result, encode_result, return_annotation, revalidate
 from .core.decision import Refuse, Replay, Run, decide
 from .core.errors import (
+    CorruptRecordError,
     EffectRefused,
     ResultDecodingError,
     ResultEncodingError,
@@ -42,7 +42,7 @@ from .core.outcome import (
 from .core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
 from .core.reversibility import reversibility_of
 from .core.signing import Signer, SigningKeys
-from .core.verdicts import Fence, parse_verdict, resolve_fence
+from .core.verdicts import Fence, fence_on_current, parse_verdict, resolve_fence
 from .observability import GuardObserver
 from .stores.base import DurableEffectStore, EffectStore, RemoteEffectStore
 from .stores.memory import InMemoryEffectStore
@@ -327,19 +327,23 @@ class EffectGuard:
         the verdict applies only if the record is still that one (same idempotency key, status and
         owner), else nothing changes and the result is CHANGED (or MISMATCH / MISSING). A tool that
         committed while the operator looked is never released. ``force=True`` applies the verdict to
-        whatever is there (still only to a record whose key is ``expect_key``, when given). One of the
-        two is required. A value is stored through the result codec and signed when the guard has a
-        signing key.
+        whatever is there now (still only to a record whose key is ``expect_key``, when given): it
+        reads the record and fences on that, so a verdict sent again after a lost reply cannot land on
+        a record that a retry started since. One of the two is required. A value is stored through
+        the result codec and signed when the guard has a signing key.
 
         Returns OK, MISSING, MISMATCH or CHANGED. Raises ValueError for a bad verdict or fence, and
         StoreError when the store cannot answer.
         """
         verdict, fence, data = self._resolve_args(verdict, seen, force, expect_key, value)
-        if data is not None and self._signer is not None and fence.key is None:
-            record = self.store.get(tool_call_id)
-            if record is None:
+        if force:
+            try:
+                current = fence_on_current(fence, self.store.get(tool_call_id))
+            except CorruptRecordError:
+                current = fence  # a damaged record: forced as it is (its key still checked when given)
+            if current is None:
                 return TransitionResult.MISSING
-            fence = replace(fence, key=record.idempotency_key)
+            fence = current
         mac = self._resolve_mac(tool_call_id, fence.key, data)
         result = self.store.resolve(
             tool_call_id,
@@ -365,11 +369,14 @@ class EffectGuard:
     ) -> TransitionResult:
         """Coroutine form of :meth:`resolve`."""
         verdict, fence, data = self._resolve_args(verdict, seen, force, expect_key, value)
-        if data is not None and self._signer is not None and fence.key is None:
-            record = await self.store.aget(tool_call_id)
-            if record is None:
+        if force:
+            try:
+                current = fence_on_current(fence, await self.store.aget(tool_call_id))
+            except CorruptRecordError:
+                current = fence
+            if current is None:
                 return TransitionResult.MISSING
-            fence = replace(fence, key=record.idempotency_key)
+            fence = current
         mac = self._resolve_mac(tool_call_id, fence.key, data)
         result = await self.store.aresolve(
             tool_call_id,
@@ -506,8 +513,8 @@ class EffectGuard:
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             result: TransitionResult | StoreError = self.store.commit(request, started.attempt, data, mac)
-        except StoreError as exc:
-            result = exc
+        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
+            result = as_store_error(exc)
         self._report.committed(started, result, t0)
 
     def _settle_blocking(self, started: Started, settlement: Settlement) -> None:
@@ -515,8 +522,8 @@ class EffectGuard:
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
             result: TransitionResult | StoreError = self.store.settle(request, started.attempt, settlement)
-        except StoreError as exc:
-            result = exc
+        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
+            result = as_store_error(exc)
         self._report.settled(started, settlement, result, t0)
 
     # -- coroutine driver ------------------------------------------------------------------------
@@ -590,8 +597,8 @@ class EffectGuard:
             result: TransitionResult | StoreError = await _to_completion(
                 lambda: self.store.acommit(request, started.attempt, data, mac)
             )
-        except StoreError as exc:
-            result = exc
+        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
+            result = as_store_error(exc)
         self._report.committed(started, result, t0)
 
     async def _asettle(self, started: Started, settlement: Settlement) -> None:
@@ -601,9 +608,14 @@ class EffectGuard:
             result: TransitionResult | StoreError = await _to_completion(
                 lambda: self.store.asettle(request, started.attempt, settlement)
             )
-        except StoreError as exc:
-            result = exc
+        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
+            result = as_store_error(exc)
         self._report.settled(started, settlement, result, t0)
+
+
+def as_store_error(error: Exception) -> StoreError:
+    """A store failure as a StoreError (a third-party store may raise anything)."""
+    return error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
 
 
 def _as_items(value: Any) -> list[Any]:
@@ -646,16 +658,26 @@ async def _shielded(send: Callable[[], Awaitable[Any]]) -> None:
         raise
 
 
+_RESENDS_AFTER_CANCEL = 5
+
+
 async def _to_the_end(send: Callable[[], Awaitable[Any]]) -> None:
-    while True:
+    """Send until the write completes; each cancellation interrupts one send and the write is sent
+    again, at most _RESENDS_AFTER_CANCEL times. A failure is logged (the caller's own outcome, usually
+    its cancellation, is what propagates)."""
+    for _ in range(_RESENDS_AFTER_CANCEL + 1):
         try:
             await send()
             return
         except asyncio.CancelledError:
             continue  # interrupted: it may not have landed, so send it again
-        except StoreError as exc:
+        except Exception as exc:
             log.error("airlock_redis: a store write that had to finish failed: %s", exc)
             return
+    log.error(
+        "airlock_redis: a store write that had to finish was cancelled %d times; giving up on it",
+        _RESENDS_AFTER_CANCEL + 1,
+    )
 
 
 async def _to_completion(send: Callable[[], Awaitable[TransitionResult]]) -> TransitionResult:

@@ -10,8 +10,8 @@
 --   {"mismatch", n, false, false, tool, key}  the id belongs to another tool or other arguments
 --   {"corrupt", n, false, false, why}  the key holds no well-formed record: nothing is changed and the
 --                                    caller must not run the tool
---   {"released", 0}                  this attempt already gave its record back (a begin that arrived
---                                    late): nothing is written
+--   {"released", 0}                  this attempt already gave the record back (a begin that arrived
+--                                    late, whatever the key holds now): nothing is written
 -- Safe to re-send: the same token finds itself the owner, answers "started" again, and writes again so
 -- that a WAIT sent after it on the same connection covers the record (Redis 7.2+ counts only the
 -- connection's own writes). Replies use false, not nil, for absent items: a nil would end the array.
@@ -30,8 +30,12 @@ local function corrupt(attempt, why)
   return {'corrupt', attempt or 0, false, false, why}
 end
 
-local f = redis.call('HMGET', record, 'status', 'key', 'tool', 'owner', 'attempt', 'stored', 'value', 'mac')
+local f = redis.call('HMGET', record, 'status', 'key', 'tool', 'owner', 'attempt', 'stored', 'value', 'mac',
+  released_field(token))
 local status, rkey, rtool, owner, stored, value, mac = f[1], f[2], f[3], f[4], f[6], f[7], f[8]
+if f[9] then
+  return {'released', 0}
+end
 if not status then
   if redis.call('EXISTS', record) == 1 then
     return corrupt(0, 'the record has no status field')
@@ -39,10 +43,7 @@ if not status then
   return start(1)
 end
 if status == RELEASED then
-  if owner == token then
-    return {'released', 0}
-  end
-  return start(1)  -- another attempt's tombstone: the call is free (start overwrites both fields)
+  return start(1)  -- another attempt's tombstone: the call is free (its released tokens stay)
 end
 local attempt = attempt_of(f[5])
 if status ~= 'pending' and status ~= 'unknown' and status ~= 'committed' then

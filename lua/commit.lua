@@ -21,7 +21,6 @@ end
 local f = redis.call('HMGET', record, 'status', 'owner')
 local status, owner = f[1], f[2]
 if status == RELEASED or (not status and redis.call('EXISTS', record) == 0) then
-  redis.call('DEL', record)
   redis.call('HSET', record, 'key', ARGV[7], 'tool', ARGV[8], 'owner', token, 'attempt', ARGV[9])
   write_committed()
   return 'recreated'

@@ -1,10 +1,17 @@
 -- common: what every transition shares. Prepended to each script when it is loaded (stores/scripts.py),
 -- so each script below can use these names; it is not a script of its own.
 --
--- A released record leaves a tombstone, {status = "released", owner = <token>}, for a short while: a
--- request of that attempt that arrives late (a begin delayed in the network, a client's re-send) finds
--- it and writes nothing, and a re-sent release or verdict finds it and answers "ok" again.
+-- A released record leaves a tombstone, {status = "released", owner = <token>, "released:<token>" = 1},
+-- for a short while. The "released:<token>" fields stay on the key while it lives, whatever record is
+-- written there next, one for every attempt (or verdict) that gave the record back: a request of such
+-- an attempt that arrives late (a begin delayed in the network, a client's re-send) finds its field
+-- and writes nothing, and a re-sent release or verdict finds it and answers "ok" again.
 local RELEASED = 'released'
+local RECORD_FIELDS = {'key', 'tool', 'attempt', 'begun', 'committed', 'stored', 'value', 'mac'}
+
+local function released_field(token)
+  return 'released:' .. token
+end
 local MAX_TTL_MS = 315360000000  -- ten years; no script writes a record it cannot expire
 
 -- A TTL argument in ms, checked before anything is written (a script that failed half-way would
@@ -25,10 +32,10 @@ local function attempt_of(raw)
   return tonumber(raw)
 end
 
--- Replace whatever the key holds by a tombstone of `token`.
+-- Replace the record by a tombstone of `token`, keeping the tokens released before.
 local function bury(record, token, ttl)
-  redis.call('DEL', record)
-  redis.call('HSET', record, 'status', RELEASED, 'owner', token)
+  redis.call('HDEL', record, unpack(RECORD_FIELDS))
+  redis.call('HSET', record, 'status', RELEASED, 'owner', token, released_field(token), '1')
   redis.call('PEXPIRE', record, ttl)
 end
 

@@ -15,10 +15,10 @@ local verdict, expect_key, operator = ARGV[1], ARGV[2], ARGV[3]
 local expect_status, expect_owner = ARGV[9], ARGV[10]
 local ttl = ttl_arg(ARGV[7])
 
-local f = redis.call('HMGET', record, 'status', 'key', 'owner')
+local f = redis.call('HMGET', record, 'status', 'key', 'owner', released_field(operator))
 local status, rkey, owner = f[1], f[2], f[3]
-if owner == operator then
-  return 'ok'
+if owner == operator or f[4] then
+  return 'ok'  -- this verdict, sent again: it was applied (a release, even if a retry began since)
 end
 if status == RELEASED or (not status and redis.call('EXISTS', record) == 0) then
   return 'missing'

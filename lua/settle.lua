@@ -11,14 +11,16 @@ local record = KEYS[1]
 local token, settlement = ARGV[1], ARGV[2]
 local unknown_ttl, tombstone_ttl = ttl_arg(ARGV[3]), ttl_arg(ARGV[7])
 
-local f = redis.call('HMGET', record, 'status', 'owner')
+local f = redis.call('HMGET', record, 'status', 'owner', released_field(token))
 local status, owner = f[1], f[2]
+if status == RELEASED and f[3] then
+  return 'ok'  -- this attempt released it already: a re-send
+end
 if (status == RELEASED and owner ~= token) or (not status and redis.call('EXISTS', record) == 0) then
   if settlement == 'release' then
     bury(record, token, tombstone_ttl)
     return 'missing'
   end
-  redis.call('DEL', record)
   redis.call('HSET', record, 'status', 'unknown', 'key', ARGV[4], 'tool', ARGV[5], 'owner', token,
     'attempt', ARGV[6])
   redis.call('PEXPIRE', record, unknown_ttl)

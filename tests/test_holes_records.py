@@ -31,12 +31,14 @@ from airlock_redis import (
     RedisEffectStore,
     Settlement,
     Status,
+    StoreError,
     TransitionResult,
     idempotency_key,
     tool_call_context,
 )
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores.redis_store import _SHAS
 from airlock_redis.stores.scripts import script_source
 from tests.faults import Action, ChaosProxy, Fault
 from tests.procs import is_script_call
@@ -380,3 +382,99 @@ def test_operators_see_no_record_where_a_tombstone_stands(
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert inspect.returncode == 1, inspect.stderr
+
+
+# -- found in review: tombstones of several attempts, re-sent verdicts, odd stores -------------------
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_a_late_begin_finds_its_release_even_after_another_attempt_released_since(
+    kind: str, rstore: RedisEffectStore
+) -> None:
+    """A's begin is delayed; A gives up (tombstone A); retry B begins and is released too (tombstone
+    B); then A's begin lands. It must write nothing: every released token is remembered."""
+    store: Any = rstore if kind == "redis" else InMemoryEffectStore()
+    key = idempotency_key("charge", {"cents": 5})
+    a = BeginRequest("chain-1", key, "charge", "tok-a", False)
+    b = BeginRequest("chain-1", key, "charge", "tok-b", False)
+    assert store.settle(a, 1, Settlement.RELEASE) is TransitionResult.MISSING  # A gave up first
+    assert store.begin(b).kind.value == "started"
+    assert store.settle(b, 1, Settlement.RELEASE) is TransitionResult.OK
+    with pytest.raises(StoreError, match="late"):
+        store.begin(a)  # A's delayed begin
+    with pytest.raises(StoreError, match="late"):
+        store.begin(b)  # B's, re-sent late
+    assert store.get("chain-1") is None
+    assert store.settle(a, 1, Settlement.RELEASE) is TransitionResult.OK  # A's release, re-sent
+    c = BeginRequest("chain-1", key, "charge", "tok-c", False)
+    assert store.begin(c).kind.value == "started"  # a new attempt is free to run
+    with pytest.raises(StoreError, match="late"):
+        store.begin(a)  # even over a live record
+
+
+def test_a_release_verdict_resent_after_a_retry_began_leaves_the_retry_alone(
+    rstore: RedisEffectStore,
+) -> None:
+    """redis-py re-sends a verdict whose reply was lost. If the first copy released the record and a
+    retry began in between, the copy must answer "ok" and leave the retry's record alone."""
+    request = _pending(rstore, "rs-1")
+    args = rstore._resolve_args(Settlement.RELEASE, request.idempotency_key, None, None, None, None)
+    client, key = rstore.client, rstore.key("rs-1")
+    assert client.evalsha(_SHAS["resolve"], 1, key, *args) == b"ok"  # applied; its reply is lost
+    retry = BeginRequest("rs-1", request.idempotency_key, "charge", "tok-retry", False)
+    assert rstore.begin(retry).kind.value == "started"
+    assert client.evalsha(_SHAS["resolve"], 1, key, *args) == b"ok"  # the client's re-send
+    record = rstore.get("rs-1")
+    assert record is not None and (record.status, record.owner) == (Status.PENDING, "tok-retry")
+
+
+def test_a_forced_verdict_is_fenced_on_the_record_as_read_just_before(rstore: RedisEffectStore) -> None:
+    request = _pending(rstore, "rs-2")
+    guard = EffectGuard(rstore)
+    assert guard.resolve("rs-2", "unknown", force=True) is TransitionResult.OK
+    record = rstore.get("rs-2")
+    assert record is not None and record.status is Status.UNKNOWN
+    assert guard.resolve("rs-gone", "release", force=True) is TransitionResult.MISSING
+    assert guard.resolve("rs-2", "release", force=True, expect_key="0" * 64) is TransitionResult.MISMATCH
+    assert request.tool_call_id == "rs-2"
+
+
+class _Broken(InMemoryEffectStore):
+    """A third-party store whose commit and settle raise something other than StoreError."""
+
+    def commit(self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None) -> Any:
+        raise RuntimeError("the backend's driver broke")
+
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> Any:
+        raise RuntimeError("the backend's driver broke")
+
+    async def acommit(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> Any:
+        raise RuntimeError("the backend's driver broke")
+
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> Any:
+        raise RuntimeError("the backend's driver broke")
+
+
+def test_a_store_that_raises_anything_after_the_tool_ran_still_gives_the_caller_its_value() -> None:
+    import asyncio
+
+    guard = EffectGuard(_Broken())
+
+    @guard.wrap
+    def charge(cents: int) -> int:
+        return cents
+
+    @guard.wrap
+    async def acharge(cents: int) -> int:
+        return cents
+
+    @guard.wrap
+    def fails(cents: int) -> int:
+        raise ValueError("declined")
+
+    with tool_call_context("br-1"):
+        assert charge(5) == 5
+    with tool_call_context("br-2"):
+        assert asyncio.run(acharge(6)) == 6
+    with tool_call_context("br-3"), pytest.raises(ValueError, match="declined"):
+        fails(7)  # the tool's own error, not the store's

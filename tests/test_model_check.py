@@ -54,6 +54,7 @@ class ModelRecord:
     value: bytes | None
     stored: bool
     expires_at: float
+    released: frozenset[str] = frozenset()  # tokens that gave this key's record back (kept while it lives)
 
 
 LATE = ("late",)  # begin of an attempt whose record was released: the store raises StoreError
@@ -68,10 +69,12 @@ class Model:
 
     def _put(self, tool_call_id: str, record: ModelRecord) -> None:
         ttl = TOMBSTONE_TTL if record.status is None else TTL[record.status]
-        self.records[tool_call_id] = replace(record, expires_at=self.now + ttl)
+        old = self.records.get(tool_call_id)
+        released = record.released | (old.released if old is not None else frozenset())
+        self.records[tool_call_id] = replace(record, expires_at=self.now + ttl, released=released)
 
     def _bury(self, tool_call_id: str, owner: str) -> None:
-        self._put(tool_call_id, ModelRecord(None, "", owner, 0, None, False, 0.0))
+        self._put(tool_call_id, ModelRecord(None, "", owner, 0, None, False, 0.0, frozenset({owner})))
 
     def visible(self, tool_call_id: str) -> ModelRecord | None:
         record = self.records.get(tool_call_id)
@@ -79,7 +82,7 @@ class Model:
 
     def begin(self, tool_call_id: str, key: str, token: str, reversible: bool) -> tuple[Any, ...]:
         record = self.records.get(tool_call_id)
-        if record is not None and record.status is None and record.owner == token:
+        if record is not None and token in record.released:
             return LATE
         if record is None or record.status is None:
             self._put(tool_call_id, ModelRecord(Status.PENDING, key, token, 1, None, False, 0.0))
@@ -117,7 +120,9 @@ class Model:
         self, tool_call_id: str, key: str, token: str, attempt: int, settlement: Settlement
     ) -> TransitionResult:
         record = self.records.get(tool_call_id)
-        if record is None or (record.status is None and record.owner != token):
+        if record is not None and record.status is None and token in record.released:
+            return TransitionResult.OK  # released by this attempt already: a re-send
+        if record is None or record.status is None:
             if settlement is Settlement.RELEASE:
                 self._bury(tool_call_id, token)
                 return TransitionResult.MISSING

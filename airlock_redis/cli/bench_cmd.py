@@ -1,6 +1,16 @@
 """``airlock-redis bench``: load a Redis with guarded calls from several processes and report.
 
 The run fails (exit 1) if any call of a tool that may not run again ran twice.
+
+``--url`` takes every URL ``RedisEffectStore`` takes, and the scheme decides the topology:
+``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://h1:p1[,h2:p2...]``, ``rediss+cluster://``,
+``redis+sentinel://s1:p1,.../<service>``. On a Cluster the report adds one line per primary: the
+calls whose record lives in its slots, the records it holds and their memory (MEMORY USAGE ...
+SAMPLES 0 on a sample of its keys). ``--cluster`` is kept so that old command lines still work: it
+changes nothing, and is refused (exit 2) only with a URL whose scheme names no Cluster.
+
+Exit codes: 0 ok; 1 a duplicate execution, or errors during the run; 2 bad arguments, a URL the
+store does not take, or a Redis that does not answer.
 """
 
 from __future__ import annotations
@@ -13,8 +23,10 @@ from pathlib import Path
 
 from ..loadgen.plot import PlotUnavailable, write_plot
 from ..loadgen.progress import ProgressBar
-from ..loadgen.workers import CLUSTER_SCHEME, BenchConfig, run_bench
-from .common import add_target_arguments, embedded_or_given
+from ..loadgen.workers import BenchConfig, run_bench
+from ..redaction import redact
+from ..stores.url import CLUSTER_SCHEMES, parse_url
+from .common import add_target_arguments, check_given_url, embedded_or_given
 
 HELP = "load-test the guard against a Redis (embedded by default) and report throughput and latency"
 
@@ -22,7 +34,12 @@ HELP = "load-test the guard against a Redis (embedded by default) and report thr
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, embedded_default=True)
     parser.set_defaults(namespace="airlock:bench")
-    parser.add_argument("--cluster", action="store_true", help="the --url is a redis+cluster:// URL")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="kept for old command lines, changes nothing: the --url scheme decides the topology "
+        "(redis+cluster://h1:p1,h2:p2 is a Cluster)",
+    )
     parser.add_argument(
         "--processes", type=int, default=min(4, os.cpu_count() or 1), help="worker processes (spawned)"
     )
@@ -40,13 +57,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.cluster and not (args.url or "").startswith(CLUSTER_SCHEME):
-        print(f"--cluster needs --url {CLUSTER_SCHEME}host:port", file=sys.stderr)
+    try:
+        cluster = bool(args.url) and parse_url(args.url).kind == "cluster"
+    except ValueError as exc:
+        print(f"airlock-redis bench: {redact(str(exc))}", file=sys.stderr)
+        return 2
+    if args.cluster and not cluster:
+        schemes = " or ".join(f"{scheme}://" for scheme in CLUSTER_SCHEMES)
+        print(
+            f"airlock-redis bench: --cluster, but the URL names no Cluster: the scheme decides "
+            f"(use {schemes}host:port,...)",
+            file=sys.stderr,
+        )
+        return 2
+    problem = check_given_url(args.url)
+    if problem is not None:
+        print(f"airlock-redis bench: {problem}", file=sys.stderr)
         return 2
     try:
         config = BenchConfig(
             url="",
-            cluster=args.cluster,
+            cluster=cluster,
             processes=args.processes,
             concurrency=args.concurrency,
             duration=None if args.calls is not None else (args.duration or 6.0),

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NoReturn
 
 from ..embedded import EmbeddedRedis, find_redis_server, free_port
+from ..redaction import redact
 from ..stores.keys import DEFAULT_NAMESPACE
 from ..stores.redis_store import RedisEffectStore
+from ..stores.url import CONNECT_ERRORS, SyncClient, describe_url, parse_url, sync_client
 
 URL_ENV = "AIRLOCK_REDIS_URL"
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -41,10 +45,26 @@ EXIT_AUDIT_FAILED = 6  # resolve: the audit log cannot be written, so nothing wa
 EXIT_CHANGED = 7  # resolve: the record changed after it was shown (e.g. the tool committed): nothing done
 
 
+def _give_up(code: int, message: str) -> NoReturn:
+    print(f"error: {redact(message)}", file=sys.stderr)
+    raise SystemExit(code)
+
+
 @contextmanager
 def open_store(args: argparse.Namespace) -> Iterator[RedisEffectStore]:
-    """The store the operator commands work on: --url (or $AIRLOCK_REDIS_URL) and --namespace."""
-    store = RedisEffectStore(operator_url(args), namespace=args.namespace)
+    """The store the operator commands work on: --url (or $AIRLOCK_REDIS_URL) and --namespace.
+
+    A URL the store does not take ends the command with one line and exit 2; a Redis Cluster whose
+    seed nodes do not answer (its client connects when it is made) with one line and exit 5."""
+    try:
+        store = RedisEffectStore(operator_url(args), namespace=args.namespace)
+    except ValueError as exc:
+        _give_up(EXIT_USAGE, str(exc))
+    try:
+        store.client  # noqa: B018  (a cluster client connects here; the others on first use)
+    except CONNECT_ERRORS as exc:
+        store.close()
+        _give_up(EXIT_STORE_ERROR, f"Redis did not answer: {type(exc).__name__}: {exc}")
     try:
         yield store
     finally:
@@ -57,11 +77,34 @@ class Target:
     description: str
 
 
+def check_given_url(url: str | None, *, timeout: float = 5.0) -> str | None:
+    """None when ``url`` is absent (a private server will be started) or names a Redis that answers
+    PING, through the same URL handling as the store (any URL ``RedisEffectStore`` takes); else one
+    line saying what is wrong."""
+    if not url:
+        return None
+    try:
+        parsed = parse_url(url)
+    except ValueError as exc:
+        return redact(str(exc))
+    client: SyncClient | None = None
+    try:
+        client = sync_client(parsed, socket_timeout=timeout, socket_connect_timeout=timeout)
+        client.ping()
+    except CONNECT_ERRORS as exc:
+        why = str(exc).split(" : <", 1)[0]  # not the repr of redis-py's whole connection pool
+        return redact(f"{describe_url(parsed)} does not answer: {type(exc).__name__}: {why}")
+    finally:
+        if client is not None:
+            client.close()
+    return None
+
+
 @contextmanager
 def embedded_or_given(url: str | None) -> Iterator[Target]:
     """The given Redis, else a private redis-server, else (no binary) an in-process fakeredis server."""
     if url:
-        yield Target(url, url)
+        yield Target(url, describe_url(url))
         return
     if find_redis_server() is not None:
         with EmbeddedRedis() as server:

@@ -2,6 +2,16 @@
 
 Each replica is its own process; they share nothing but Redis. The tools count their real
 executions in Redis (standing in for the payment backend), so the table shows what ran.
+
+``--url`` takes every URL ``RedisEffectStore`` takes (``redis://``, ``rediss://``, ``unix://``,
+``redis+cluster://`` with one seed node or several, ``rediss+cluster://``, ``redis+sentinel://``); the
+scheme decides the topology, and the side channel (the execution counters) gets its client through
+the same URL handling. Every key a run writes expires within ``DEMO_TTL`` even if the run is cut
+short, and the run removes them at its end; the counters of one run share one Cluster slot (a hash
+tag), so one DEL removes them.
+
+Exit codes: 0 the story went as the spec says; 1 it did not; 2 a URL the store does not take, or a
+Redis that does not answer.
 """
 
 from __future__ import annotations
@@ -15,12 +25,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from ..core.errors import EffectRefused
-from .common import add_target_arguments, embedded_or_given
+from ..stores.url import SyncClient, primary_clients, sync_client
+from .common import add_target_arguments, check_given_url, embedded_or_given
 
 HELP = "narrate the lost-response story end to end against a Redis (embedded by default)"
+
+DEMO_TTL = 3600.0  # seconds: every key of a run (records and counters) expires within this
+TOOLS = ("charge", "read_balance")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +69,21 @@ def _scenario() -> list[Step]:
     ]  # fmt: skip
 
 
+def counter_key(namespace: str, tool: str) -> str:
+    """The backend's execution counter of ``tool``: the ``{...}`` hash tag (the run's namespace) puts
+    the counters of one run in one Cluster slot."""
+    return f"{namespace}:executions:{{{namespace}}}:{tool}"
+
+
+def _backend(url: str) -> SyncClient:
+    return sync_client(url, socket_timeout=10.0, socket_connect_timeout=10.0)
+
+
+def _count(backend: SyncClient, namespace: str, tool: str) -> int:
+    value = backend.get(counter_key(namespace, tool))
+    return int(value) if value is not None else 0
+
+
 def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
     """Runs inside a replica process: build the guard and tools there, make one call."""
     from ..context import current_idempotency_key, tool_call_context
@@ -64,11 +91,16 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
     from ..guard import EffectGuard
     from ..stores.redis_store import RedisEffectStore
 
-    backend = redis.Redis.from_url(url)
-    guard = EffectGuard(store=RedisEffectStore(url, namespace=namespace))
+    backend = _backend(url)
+    store = RedisEffectStore(
+        url, namespace=namespace, committed_ttl=DEMO_TTL, pending_ttl=DEMO_TTL, unknown_ttl=DEMO_TTL
+    )
+    guard = EffectGuard(store=store)
 
     def backend_call(tool: str) -> str:
-        backend.incr(f"{namespace}:demo:executions:{tool}")
+        key = counter_key(namespace, tool)
+        backend.incr(key)
+        backend.expire(key, int(DEMO_TTL))
         if step.lose_response:
             raise TimeoutError("the backend's answer was lost")
         return current_idempotency_key() or ""
@@ -85,7 +117,7 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
         return 4200
 
     tools: dict[str, Callable[..., Any]] = {"charge": charge, "read_balance": read_balance}
-    before = int(backend.get(f"{namespace}:demo:executions:{step.tool}") or 0)
+    before = _count(backend, namespace, step.tool)
     outcome: dict[str, Any] = {}
     with tool_call_context(step.tool_call_id, agent_id="agent-1"):
         try:
@@ -95,12 +127,27 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
             outcome = {"result": "lost", "value": "TimeoutError"}
         except EffectRefused as refused:
             outcome = {"result": f"refused:{refused.reason}", "value": refused.fix_hint}
-    after = int(backend.get(f"{namespace}:demo:executions:{step.tool}") or 0)
+    after = _count(backend, namespace, step.tool)
     if outcome["result"] == "executed" and after == before:
         outcome["result"] = "replayed"
     outcome["ran"] = after - before
+    store.close()
     backend.close()
     return outcome
+
+
+def _clean(url: str, namespace: str) -> dict[str, int]:
+    """The run's execution counts; then its keys are removed from every primary."""
+    backend = _backend(url)
+    try:
+        counts = {tool: _count(backend, namespace, tool) for tool in TOOLS}
+        backend.delete(*(counter_key(namespace, tool) for tool in TOOLS))  # one slot: one DEL
+        for _, node in primary_clients(backend):  # the records live in many slots, on every primary
+            for key in node.scan_iter(match=f"{namespace}:*", count=1000):
+                node.unlink(key)
+    finally:
+        backend.close()
+    return counts
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -114,6 +161,10 @@ def _print_table(rows: list[list[str]]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = check_given_url(args.url)
+    if problem is not None:
+        print(f"airlock-redis demo: {problem}", file=sys.stderr)
+        return 2
     namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
     context = multiprocessing.get_context("spawn")
     with embedded_or_given(args.url) as target:
@@ -148,13 +199,7 @@ def run(args: argparse.Namespace) -> int:
                 pool.shutdown()
         print()
         _print_table(rows)
-        with redis.Redis.from_url(target.url) as backend:
-            counts = {
-                tool: int(backend.get(f"{namespace}:demo:executions:{tool}") or 0)
-                for tool in ("charge", "read_balance")
-            }
-            for key in backend.scan_iter(match=f"{namespace}*"):
-                backend.delete(key)
+        counts = _clean(target.url, namespace)
     print(
         f"\nexecutions: charge {counts['charge']} (2 distinct calls), "
         f"read_balance {counts['read_balance']} (1 call, reversible, retried once)"

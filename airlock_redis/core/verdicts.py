@@ -28,6 +28,15 @@ class Fence:
     owner: str | None = None
 
 
+def fence_on_current(fence: Fence, current: Record | None) -> Fence | None:
+    """A forced verdict's fence: the record as it is now (read just before), so that the verdict,
+    sent again by the client after a lost reply, cannot land on a record that began since. None: there
+    is no record."""
+    if current is None:
+        return None
+    return Fence(fence.key or current.idempotency_key, current.status, current.owner)
+
+
 def resolve_fence(seen: Record | Fence | None, *, force: bool, expect_key: str | None = None) -> Fence:
     """The fence for a verdict on ``seen`` (the record the operator was shown, or a fence built from
     it), or, with ``force``, on whatever record is there (its key still checked against

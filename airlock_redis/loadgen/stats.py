@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .histogram import Histogram
@@ -24,6 +24,7 @@ class WorkerReport:
     timeline: Counter[int] = field(default_factory=Counter)  # completions per TIMELINE_STEP (absolute)
     ids: set[str] = field(default_factory=set)  # distinct tool_call_ids used
     runs: Counter[str] = field(default_factory=Counter)  # real executions by tool_call_id
+    slots: Counter[int] = field(default_factory=Counter)  # calls by the Cluster slot of their record
     failure: str | None = None  # a worker that could not run says why
 
     def merge(self, other: WorkerReport) -> None:
@@ -36,8 +37,21 @@ class WorkerReport:
         self.timeline.update(other.timeline)
         self.ids |= other.ids
         self.runs.update(other.runs)
+        self.slots.update(other.slots)
         if other.failure and not self.failure:
             self.failure = other.failure
+
+
+@dataclass(frozen=True)
+class PrimaryLoad:
+    """How much of a Cluster run one primary took: the guarded calls whose record lives in its slots,
+    the records it holds at the end, and their mean MEMORY USAGE (SAMPLES 0) over a sample."""
+
+    node: str  # host:port
+    calls: int
+    records: int
+    memory_per_record_bytes: float | None
+    memory_sampled_records: int
 
 
 @dataclass
@@ -52,6 +66,7 @@ class BenchSummary:
     memory_per_record_bytes: float | None
     memory_sampled_records: int
     records: int
+    primaries: list[PrimaryLoad] = field(default_factory=list)  # a Cluster's primaries; else empty
 
     @property
     def calls_per_s(self) -> float:
@@ -121,6 +136,7 @@ class BenchSummary:
             "records": self.records,
             "memory_per_record_bytes": self.memory_per_record_bytes,
             "memory_sampled_records": self.memory_sampled_records,
+            "primaries": [asdict(p) for p in self.primaries],
             "histogram": r.histogram.to_json(),
             "throughput": [[round(t, 3), rate] for t, rate in self.throughput()],
             "verdict": "FAILURE: duplicate executions" if self.failed else "ok",
@@ -155,5 +171,18 @@ class BenchSummary:
             ("Redis memory per record", memory),
             ("errors", f"{sum(r.errors.values())} ({errors})"),
         ]
+        for load in self.primaries:
+            share = f"{load.calls / r.calls:.0%}" if r.calls else "-"
+            per_record = (
+                f"{load.memory_per_record_bytes:.0f} B/record ({load.memory_sampled_records} sampled)"
+                if load.memory_per_record_bytes is not None
+                else "memory n/a"
+            )
+            rows.append(
+                (
+                    f"primary {load.node}",
+                    f"{load.calls} calls ({share}), {load.records} records, {per_record}",
+                )
+            )
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)

@@ -7,6 +7,14 @@ calls re-use the tool_call_id (with the same tool and arguments) of an earlier c
 process: those are the retries. The tool bodies count their real executions by tool_call_id in
 the process; the run merges the counts, so a call that ran twice shows up whichever processes
 ran it.
+
+The URL is any URL ``RedisEffectStore`` takes (``redis://``, ``rediss://``, ``unix://``,
+``redis+cluster://`` with one seed node or several, ``rediss+cluster://``, ``redis+sentinel://``);
+its scheme decides the topology, and the run's own bookkeeping (memory sampling, clean-up) goes
+through the same URL handling (:mod:`airlock_redis.stores.url`). On a Cluster the run also reports
+how the load spread over the primaries: each thread counts its calls by the slot of their record,
+and the slot map read at the end of the run assigns the slots to primaries (a failover during the
+run moves slots after the fact).
 """
 
 from __future__ import annotations
@@ -25,12 +33,12 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..redaction import redact
-from .stats import TIMELINE_STEP, BenchSummary, WorkerReport
+from ..stores.url import CONNECT_ERRORS, parse_url, primary_clients, slot_primaries, sync_client
+from .stats import TIMELINE_STEP, BenchSummary, PrimaryLoad, WorkerReport
 
 if TYPE_CHECKING:
     from ..guard import EffectGuard
 
-CLUSTER_SCHEME = "redis+cluster://"
 # (tool, weight, reversibility): mixed tools, most of them not reversible
 TOOLS: tuple[tuple[str, int, str], ...] = (
     ("charge", 5, "irreversible"),
@@ -44,7 +52,7 @@ REVERSIBLE_TOOLS = frozenset(name for name, _, tag in TOOLS if tag == "reversibl
 @dataclass(frozen=True)
 class BenchConfig:
     url: str
-    cluster: bool = False
+    cluster: bool = False  # informational: the URL's scheme decides the topology (kept for old callers)
     processes: int = 2
     concurrency: int = 8
     duration: float | None = 6.0  # seconds; None when ``calls`` bounds the run
@@ -85,17 +93,6 @@ def tool_of(tool_call_id: str) -> str:
     """The tool of a bench tool_call_id (``<run>-<process>-<seq>``)."""
     _, process, seq = tool_call_id.rsplit("-", 2)
     return call_for(int(process), int(seq))[0]
-
-
-def redis_admin_client(url: str, cluster: bool) -> Any:
-    """A plain redis-py client for the run's own bookkeeping (memory sampling, clean-up)."""
-    if cluster:
-        from redis.cluster import RedisCluster
-
-        return RedisCluster.from_url("redis://" + url[len(CLUSTER_SCHEME) :])
-    import redis
-
-    return redis.Redis.from_url(url)
 
 
 def _tools(
@@ -142,14 +139,18 @@ def _worker(  # noqa: PLR0915  (one process's whole life, read top to bottom)
     """One load process: C threads making guarded calls; puts one merged WorkerReport on ``results``."""
     report = WorkerReport()
     try:
+        from redis.crc import key_slot
+
         from ..context import tool_call_context
         from ..core.errors import EffectRefused
         from ..guard import EffectGuard
+        from ..stores.keys import record_key
         from ..stores.redis_store import RedisEffectStore
 
         # retries of reversible calls supersede each other by design; keep their warnings off the bar
         logging.getLogger("airlock_redis").setLevel(logging.ERROR)
         store = RedisEffectStore(config.url, namespace=config.namespace)
+        count_slots = parse_url(config.url).kind == "cluster"
         guard = EffectGuard(store=store)
         runs: dict[str, int] = {}
         runs_lock = threading.Lock()
@@ -189,6 +190,8 @@ def _worker(  # noqa: PLR0915  (one process's whole life, read top to bottom)
                 tool, kwargs = call_for(owner, seq)
                 tool_call_id = f"{config.run_id}-{owner}-{seq}"
                 mine.ids.add(tool_call_id)
+                if count_slots:
+                    mine.slots[key_slot(record_key(config.namespace, tool_call_id))] += 1
                 local.ran = False
                 started = time.perf_counter()
                 try:
@@ -230,31 +233,74 @@ def _worker(  # noqa: PLR0915  (one process's whole life, read top to bottom)
     results.put(report)
 
 
-def _sample_memory(client: Any, namespace: str, sample: int = 200) -> tuple[float | None, int, int]:
-    """(mean MEMORY USAGE of up to ``sample`` record keys, how many were sampled, records counted)."""
+def run_pattern(config: BenchConfig) -> str:
+    """A SCAN pattern for the records of this run only (tool_call_ids ``<run_id>-<process>-<seq>``):
+    another run on the same namespace is neither counted nor removed."""
     from ..stores.keys import record_pattern
 
+    return record_pattern(config.namespace)[:-1] + f"{config.run_id}-*"
+
+
+def _sample_memory(node: Any, pattern: str, sample: int = 200) -> tuple[float | None, int, int]:
+    """On one server (a primary of a Cluster, or the only one): (mean MEMORY USAGE ... SAMPLES 0 of up
+    to ``sample`` of the records ``pattern`` matches, how many were sampled, records counted)."""
     sizes: list[int] = []
     records = 0
-    for key in client.scan_iter(match=record_pattern(namespace), count=1000):
+    for key in node.scan_iter(match=pattern, count=1000):
         records += 1
         if len(sizes) < sample:
-            usage = client.memory_usage(key, samples=0)
+            usage = node.memory_usage(key, samples=0)
             if usage is not None:
                 sizes.append(int(usage))
     return (sum(sizes) / len(sizes) if sizes else None), len(sizes), records
 
 
-def _clean(client: Any, namespace: str) -> None:
+def _clean(node: Any, pattern: str) -> None:
+    """Unlink the run's records on one server: one key per command (the keys a Cluster primary holds
+    live in many slots), sent in pipelined batches."""
     batch: list[Any] = []
-    for key in client.scan_iter(match=f"{namespace}:*", count=1000):
+    for key in node.scan_iter(match=pattern, count=1000):
         batch.append(key)
         if len(batch) >= 500:
-            for one in batch:  # one key per command: keys of one batch may live on different slots
-                client.unlink(one)
+            _unlink(node, batch)
             batch.clear()
-    for one in batch:
-        client.unlink(one)
+    _unlink(node, batch)
+
+
+def _unlink(node: Any, keys: list[Any]) -> None:
+    if keys:
+        with node.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.unlink(key)
+            pipe.execute()
+
+
+def _measure(config: BenchConfig, merged: WorkerReport) -> tuple[float | None, int, int, list[PrimaryLoad]]:
+    """Memory per record and records over the whole deployment, and (on a Cluster) per primary; then
+    remove the run's keys from every primary."""
+    client = sync_client(config.url, socket_timeout=30.0, socket_connect_timeout=10.0)
+    try:
+        nodes = primary_clients(client)
+        owners = slot_primaries(client) if merged.slots else {}
+        calls: dict[str, int] = {}
+        for slot, count in merged.slots.items():
+            owner = owners.get(slot, "slot not served")
+            calls[owner] = calls.get(owner, 0) + count
+        loads: list[PrimaryLoad] = []
+        pattern = run_pattern(config)
+        for name, node in nodes:
+            memory, sampled, records = _sample_memory(node, pattern)
+            loads.append(PrimaryLoad(name, calls.pop(name, 0), records, memory, sampled))
+            _clean(node, pattern)
+        for name, count in sorted(calls.items()):  # slots whose primary the final map does not name
+            loads.append(PrimaryLoad(name, count, 0, None, 0))
+    finally:
+        client.close()
+    sampled_total = sum(load.memory_sampled_records for load in loads)
+    memory_total = sum((load.memory_per_record_bytes or 0.0) * load.memory_sampled_records for load in loads)
+    mean = memory_total / sampled_total if sampled_total else None
+    records_total = sum(load.records for load in loads)
+    return mean, sampled_total, records_total, (loads if merged.slots else [])
 
 
 def run_bench(  # noqa: PLR0915
@@ -265,7 +311,6 @@ def run_bench(  # noqa: PLR0915
     """Start the worker processes, wait for them (reporting progress), and gather the figures."""
     if not config.run_id:
         config = BenchConfig(**{**asdict(config), "run_id": secrets.token_hex(4)})
-    namespace = config.namespace
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(config.processes + 1)
     progress = context.Value("q", 0)
@@ -313,12 +358,12 @@ def run_bench(  # noqa: PLR0915
     if merged.timeline:
         span = (max(merged.timeline) - min(merged.timeline) + 1) * TIMELINE_STEP
         elapsed = min(elapsed, span) if span > 0 else elapsed
-    client = redis_admin_client(config.url, config.cluster)
     try:
-        memory, sampled, records = _sample_memory(client, namespace)
-        _clean(client, namespace)
-    finally:
-        client.close()
+        memory, sampled, records, primaries = _measure(config, merged)
+    except CONNECT_ERRORS as exc:
+        raise RuntimeError(
+            f"the run finished, but its records could not be measured: {type(exc).__name__}: {exc}"
+        ) from exc
     reversible = {i for i in merged.ids if tool_of(i) in REVERSIBLE_TOOLS}
     shown = asdict(config)
     shown["url"] = redact(config.url)
@@ -331,4 +376,5 @@ def run_bench(  # noqa: PLR0915
         memory_per_record_bytes=memory,
         memory_sampled_records=sampled,
         records=records,
+        primaries=primaries,
     )

@@ -37,6 +37,7 @@ class _Row:
         "key",
         "mac",
         "owner",
+        "released",
         "status",
         "stored",
         "tool",
@@ -55,6 +56,7 @@ class _Row:
         self.begun_ms: int | None = now_ms
         self.committed_ms: int | None = None
         self.expires_at = 0.0  # on the store's clock, seconds
+        self.released: frozenset[str] = frozenset()  # tokens that gave this key's record back
 
     def commit(self, owner: str, value: bytes | None, mac: bytes | None, now_ms: int) -> None:
         self.status = Status.COMMITTED
@@ -99,15 +101,21 @@ class InMemoryEffectStore:
         ttl = TOMBSTONE_TTL if row.status is None else self.ttls.seconds(row.status)
         row.expires_at = self._clock() + ttl
 
-    def _put(self, tool_call_id: str, row: _Row) -> None:
-        self._rows[tool_call_id] = row
-        self._keep(row)
-
-    def _bury(self, tool_call_id: str, owner: str) -> None:
-        """Replace the record by a tombstone of ``owner``."""
+    def _bury(self, tool_call_id: str, owner: str, old: _Row | None) -> None:
+        """Replace the record by a tombstone of ``owner``, keeping the tokens released before."""
         row = _Row(BeginRequest(tool_call_id, "", "", owner, False), 0, None, 0)
         row.begun_ms = None
-        self._put(tool_call_id, row)
+        self._put(tool_call_id, row, old, released=owner)
+
+    def _put(self, tool_call_id: str, row: _Row, old: _Row | None = None, released: str = "") -> None:
+        """Store ``row`` in place of ``old``, carrying over the tokens released before (plus
+        ``released``)."""
+        if old is not None:
+            row.released = old.released
+        if released:
+            row.released = row.released | {released}
+        self._rows[tool_call_id] = row
+        self._keep(row)
 
     @staticmethod
     def _now_ms() -> int:
@@ -117,10 +125,10 @@ class InMemoryEffectStore:
     def begin(self, request: BeginRequest) -> BeginOutcome:
         with self._lock:
             row = self._live(request.tool_call_id)
-            if row is not None and row.status is None and row.owner == request.token:
+            if row is not None and request.token in row.released:
                 raise _late_begin()
             if row is None or row.status is None:
-                self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, self._now_ms()))
+                self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, self._now_ms()), row)
                 return BeginOutcome(BeginKind.STARTED, attempt=1)
             if row.key != request.idempotency_key or row.tool != request.tool:
                 return BeginOutcome(BeginKind.MISMATCH, row.attempt, tool=row.tool, idempotency_key=row.key)
@@ -145,10 +153,10 @@ class InMemoryEffectStore:
         with self._lock:
             row = self._live(request.tool_call_id)
             if row is None or row.status is None:
-                row = _Row(request, attempt, Status.COMMITTED, self._now_ms())
-                row.begun_ms = None
-                row.commit(request.token, value, mac, self._now_ms())
-                self._put(request.tool_call_id, row)
+                fresh = _Row(request, attempt, Status.COMMITTED, self._now_ms())
+                fresh.begun_ms = None
+                fresh.commit(request.token, value, mac, self._now_ms())
+                self._put(request.tool_call_id, fresh, row)
                 return TransitionResult.RECREATED
             if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
@@ -161,19 +169,21 @@ class InMemoryEffectStore:
         with self._lock:
             tool_call_id = request.tool_call_id
             row = self._live(tool_call_id)
-            if row is None or (row.status is None and row.owner != request.token):
+            if row is not None and row.status is None and request.token in row.released:
+                return TransitionResult.OK  # this attempt released it already: a re-send
+            if row is None or row.status is None:
                 if settlement is Settlement.RELEASE:
-                    self._bury(tool_call_id, request.token)
+                    self._bury(tool_call_id, request.token, row)
                     return TransitionResult.MISSING
-                row = _Row(request, attempt, Status.UNKNOWN, self._now_ms())
-                row.begun_ms = None
-                self._put(tool_call_id, row)
+                fresh = _Row(request, attempt, Status.UNKNOWN, self._now_ms())
+                fresh.begun_ms = None
+                self._put(tool_call_id, fresh, row)
                 return TransitionResult.RECREATED
             if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is Status.PENDING:
                 if settlement is Settlement.RELEASE:
-                    self._bury(tool_call_id, request.token)
+                    self._bury(tool_call_id, request.token, row)
                 else:
                     row.status = Status.UNKNOWN
                     self._keep(row)
@@ -215,7 +225,7 @@ class InMemoryEffectStore:
             row = self._live(tool_call_id)
             if row is None or row.status is None:
                 return TransitionResult.MISSING
-            if expect_key is not None and row.key != expect_key:
+            if expect_key and row.key != expect_key:  # "" skips the check, as in the script
                 return TransitionResult.MISMATCH
             if (expect_status is not None and row.status is not expect_status) or (
                 expect_owner is not None and row.owner != expect_owner
@@ -223,7 +233,7 @@ class InMemoryEffectStore:
                 return TransitionResult.CHANGED
             owner = "operator:" + secrets.token_hex(8)
             if verdict is Settlement.RELEASE:
-                self._bury(tool_call_id, owner)
+                self._bury(tool_call_id, owner, row)
                 return TransitionResult.OK
             if verdict is Status.COMMITTED:
                 row.commit(owner, value, mac, self._now_ms())

@@ -24,6 +24,7 @@ import redis.asyncio as aredis
 from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 
 from ..redaction import redact
 
@@ -233,6 +234,56 @@ def async_node_client(cluster: AsyncRedisCluster, node: AsyncClusterNode) -> are
 
 def is_cluster(client: Any) -> bool:
     return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+# What a client built here raises when Redis cannot be reached or refuses it: redis-py's errors, a
+# RedisCluster that finds no reachable seed node (RedisClusterException is not a RedisError), and OS
+# errors that escape the connection layer.
+CONNECT_ERRORS: tuple[type[BaseException], ...] = (redis.RedisError, RedisClusterException, OSError)
+
+TOPOLOGY_NAMES: dict[Kind, str] = {
+    "single": "one Redis server",
+    "cluster": "a Redis Cluster",
+    "sentinel": "the primary named by Redis Sentinel",
+}
+
+
+def describe_url(url: str | RedisURL) -> str:
+    """``url`` without its password, and the topology its scheme names (for what a command prints)."""
+    parsed = url if isinstance(url, RedisURL) else parse_url(url)
+    return f"{redact(parsed.url)} ({TOPOLOGY_NAMES[parsed.kind]})"
+
+
+def primary_clients(client: SyncClient) -> list[tuple[str, redis.Redis]]:
+    """Every primary ``client`` writes to, as (``host:port``, a plain client to that node alone).
+
+    A cluster client gives one entry per primary (sorted by name; the node clients carry the
+    cluster's credentials and TLS, and must not be closed by the caller); any other client gives
+    itself, named by the address it connects to (``primary`` when a sentinel names it)."""
+    if isinstance(client, RedisCluster):
+        nodes = sorted(client.get_primaries(), key=lambda node: str(node.name))  # type: ignore[no-untyped-call]
+        return [(str(node.name), client.get_redis_connection(node)) for node in nodes]
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    service = getattr(pool, "service_name", None)
+    if service:  # a Sentinel-managed primary
+        name = f"primary of {service}"
+    elif "path" in kwargs:
+        name = str(kwargs["path"])
+    elif "host" in kwargs:
+        name = f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+    else:
+        name = "primary"
+    return [(name, client)]
+
+
+def slot_primaries(client: SyncClient) -> dict[int, str]:
+    """The ``host:port`` of the primary that serves each hash slot, as a cluster ``client`` last learnt
+    the map (empty for any other client)."""
+    if not isinstance(client, RedisCluster):
+        return {}
+    cache: dict[int, list[ClusterNode]] = client.nodes_manager.slots_cache
+    return {slot: str(nodes[0].name) for slot, nodes in cache.items() if nodes}
 
 
 def _host_port(part: str, url: str) -> tuple[str, int]:
