@@ -14,7 +14,7 @@ import pytest
 from airlock_redis.cli import main as cli_main
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.loadgen.histogram import Histogram
-from airlock_redis.loadgen.stats import BenchSummary, WorkerReport
+from airlock_redis.loadgen.stats import BenchSummary, PrimaryLoad, WorkerReport
 from benchmarks import compare
 
 from .conftest import require_redis_server
@@ -38,6 +38,7 @@ BENCH_FIGURES = {
     "records",
     "memory_per_record_bytes",
     "memory_sampled_records",
+    "primaries",
     "histogram",
     "throughput",
     "verdict",
@@ -106,6 +107,24 @@ def test_bench_reports_duplicate_executions_as_failure() -> None:
     assert allowed.duplicate_executions == 0 and allowed.reversible_reruns == 1 and not allowed.failed
 
 
+def test_bench_table_shows_the_load_of_each_primary() -> None:
+    """On a Cluster the report has a line per primary: calls (with their share), records, memory."""
+    report = WorkerReport(calls=4, executed=4)
+    loads = [PrimaryLoad("10.0.0.1:7000", 3, 3, 1290.4, 3), PrimaryLoad("10.0.0.2:7000", 1, 1, None, 0)]
+    summary = BenchSummary({}, "t", 1.0, report, set(), 1290.4, 3, 4, loads)
+    table = summary.table()
+    assert "primary 10.0.0.1:7000" in table and "3 calls (75%), 3 records, 1290 B/record (3 sampled)" in table
+    assert "1 calls (25%), 1 records, memory n/a" in table
+    assert summary.to_json()["primaries"][0] == {
+        "node": "10.0.0.1:7000",
+        "calls": 3,
+        "records": 3,
+        "memory_per_record_bytes": 1290.4,
+        "memory_sampled_records": 3,
+    }
+    assert "primary " not in BenchSummary({}, "t", 1.0, report, set(), None, 0, 0).table()
+
+
 def test_histogram_percentiles_within_a_bucket() -> None:
     h = Histogram()
     for us in range(1, 1001):
@@ -120,8 +139,11 @@ def test_histogram_percentiles_within_a_bucket() -> None:
 
 
 def test_bench_cli_refuses_cluster_flag_without_cluster_url(capsys: pytest.CaptureFixture[str]) -> None:
+    """--cluster changes nothing (the URL's scheme decides), but a URL that names no Cluster
+    contradicts it: refused before anything runs."""
     assert cli_main(["bench", "--cluster", "--url", "redis://127.0.0.1:1/0", "--calls", "1"]) == 2
-    assert "redis+cluster://" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "redis+cluster://" in err and "the scheme decides" in err
 
 
 def test_compare_harness_runs_and_writes_every_figure(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.redis_server
 
 # What a tenant's guard needs, and nothing else: the scripts (EVALSHA, and SCRIPT LOAD when the
 # server's script cache is cold), the commands the scripts call (HMGET, HSET, PEXPIRE, DEL, EXISTS,
-# HDEL), and the reads of RedisEffectStore.get (HGETALL, PTTL) and ping. No SCAN/KEYS: SCAN ignores key patterns
-# and would show a tenant the other tenants' key names.
+# HDEL), and the reads of RedisEffectStore.get (HGETALL, PTTL) and ping. No SCAN/KEYS: SCAN ignores
+# key patterns and would show a tenant the other tenants' key names.
 TENANT_COMMANDS = [
     "-@all",
     "+evalsha",

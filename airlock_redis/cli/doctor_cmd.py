@@ -33,7 +33,7 @@ from redis.cluster import RedisCluster
 from ..redaction import redact
 from ..stores.scripts import SCRIPT_NAMES, script_source
 from ..stores.server_facts import evicts_records, parse_version
-from ..stores.url import RedisURL, SyncClient, parse_url, sync_client
+from ..stores.url import CONNECT_ERRORS, RedisURL, SyncClient, parse_url, sync_client
 from .common import operator_url
 
 HELP = "check that a Redis deployment is fit to hold effect records (exit 0 ok, 1 warnings, 2 unsafe)"
@@ -115,7 +115,7 @@ def diagnose(url: str, *, timeout: float = 5.0) -> list[Check]:
         client = sync_client(parsed, socket_timeout=timeout, socket_connect_timeout=timeout)
         client.ping()
         nodes = _nodes(client)
-    except (redis.RedisError, OSError) as exc:
+    except CONNECT_ERRORS as exc:
         return [
             Check(
                 "reachability",
@@ -140,7 +140,7 @@ def diagnose(url: str, *, timeout: float = 5.0) -> list[Check]:
         for name, step in steps:
             try:
                 checks.append(step())
-            except (redis.RedisError, OSError) as exc:
+            except CONNECT_ERRORS as exc:
                 checks.append(Check(name, "warn", f"could not check: {type(exc).__name__}: {exc}"))
         return checks
     finally:
