@@ -32,6 +32,7 @@ from airlock_redis import (
 )
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores.scripts import script_source
+from tests.faults import Action, ChaosProxy, Fault
 from tests.procs import MutingProxy, close_socket, connect_upstream, is_script_call, parse_request
 from tests.topo_helpers import fresh_id, namespace
 from tests.topologies import HOST, RedisProcess, free_ports, wait_until
@@ -41,9 +42,10 @@ pytestmark = pytest.mark.redis_server
 
 # -- a primary and one replica of our own ----------------------------------------------------------
 class Pair:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, aof: bool = False) -> None:
         primary_port, replica_port = free_ports(2)
-        self.primary = RedisProcess("primary", folder / "primary", primary_port, ["--save", ""])
+        persistence = ["--save", "", *(["--appendonly", "yes"] if aof else [])]
+        self.primary = RedisProcess("primary", folder / "primary", primary_port, persistence)
         self.replica = RedisProcess(
             "replica",
             folder / "replica",
@@ -171,6 +173,44 @@ def test_a_begin_resent_on_a_new_connection_gives_its_wait_a_write_to_wait_for(p
         pair.resume_replica()
     assert started == [b"started", 1]
     assert acked == 0, f"WAIT after the re-sent begin did not wait ({server_name(pair)})"
+
+
+@pytest.fixture(scope="module")
+def aof_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
+    pair = Pair(tmp_path_factory.mktemp("aof-pair"), aof=True).start()
+    try:
+        yield pair
+    finally:
+        pair.stop()
+
+
+def test_a_resent_begin_on_an_aof_primary_is_covered_by_wait_and_waitaof(aof_pair: Pair) -> None:
+    """With an append-only file on the primary, a 7.2+ server gets WAITAOF beside WAIT (a 7.0 server
+    has none, and the store leaves it out). A begin re-sent after its reply was lost is covered by
+    both, and the call goes through once."""
+    ns, tool_call_id = namespace(), fresh_id()
+    RedisEffectStore(aof_pair.url).load_scripts()
+    with aof_pair.primary.client() as c:
+        version = c.info("server").get("redis_version", "0")
+    has_waitaof = tuple(int(x) for x in str(version).split(".")[:2]) >= (7, 2)
+    runs: list[int] = []
+    fault = Fault(is_script_call("begin"), Action.DROP_REPLY)
+    with ChaosProxy((HOST, aof_pair.primary.port), [fault]) as proxy:
+        store = RedisEffectStore(proxy.url, namespace=ns, wait_replicas=1, wait_timeout=2.0)
+
+        def charge(cents: int) -> int:
+            runs.append(cents)
+            return cents
+
+        with tool_call_context(tool_call_id):
+            assert call_once(EffectGuard(store), store, charge, "sync") == 5
+        assert proxy.applied(Action.DROP_REPLY) == 1 and proxy.forwarded["EVALSHA"] >= 3
+        assert (proxy.forwarded["WAITAOF"] >= 2) is has_waitaof, (version, dict(proxy.forwarded))
+        assert proxy.forwarded["WAIT"] >= 2
+        store.close()
+    assert runs == [5]
+    record = RedisEffectStore(aof_pair.url, namespace=ns).get(tool_call_id)
+    assert record is not None and record.status is Status.COMMITTED
 
 
 def test_the_readme_tenant_acl_serves_wait_replicas(pair: Pair) -> None:
