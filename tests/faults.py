@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import enum
 import json
@@ -26,22 +27,27 @@ import threading
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import redis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.crc import key_slot
+from redis.retry import Retry
 
 from airlock_redis import (
     EffectGuard,
     EffectRefused,
     RedisEffectStore,
     current_call_context,
+    current_idempotency_key,
     reversibility,
     tool_call_context,
 )
+from airlock_redis.core.records import BeginKind, BeginOutcome, BeginRequest, Settlement, TransitionResult
 from airlock_redis.core.reversibility import ReversibilityName
 from tests.procs import close_socket as _close
 from tests.procs import connect_upstream, parse_request
@@ -504,6 +510,245 @@ def restore_sentinel_replica(topology: SentinelTopology, old: RedisProcess, new:
                 raise
 
 
+# -- a store that notes what it sends (the load test's per-id histories) ---------------------------
+_ATTEMPT: contextvars.ContextVar[tuple[str, int] | None] = contextvars.ContextVar(
+    "airlock_fault_attempt", default=None
+)
+_TRACE_CALL: contextvars.ContextVar[int] = contextvars.ContextVar("airlock_fault_trace_call", default=-1)
+_TRACE_OP: contextvars.ContextVar[str] = contextvars.ContextVar("airlock_fault_trace_op", default="")
+RESENDS: list[dict[str, Any]] = []  # connection-level failures the client's retry policy saw (this process)
+
+
+def current_attempt() -> tuple[str, int] | None:
+    """(owner token, attempt number) of the attempt whose tool body runs now, as its TracedStore's begin
+    saw them. The guard shows the body only the idempotency key (``current_idempotency_key()``); the
+    token and attempt live in its BeginRequest and Started, so the harness reads them at the store."""
+    return _ATTEMPT.get()
+
+
+class TracedStore(RedisEffectStore):
+    """A RedisEffectStore that notes each begin, durability check, commit and settle: the attempt's owner
+    token, what came back (or the error), when it was sent and answered, and the primary it last
+    reached (``trace``, one dict per step; ``call`` is the caller's number from :func:`traced_call`)."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        super().__init__(url, **options)
+        self.trace: list[dict[str, Any]] = []
+
+    def _where(self, tool_call_id: str) -> str:
+        try:
+            client: Any = self._client
+            with contextlib.suppress(RuntimeError):
+                held = self._async_clients.get(asyncio.get_running_loop())
+                client = held.client if held is not None else client
+            pool = getattr(client, "connection_pool", None)
+            address = getattr(pool, "master_address", None)
+            if address is None and client is not None and hasattr(client, "get_node_from_key"):
+                node = client.get_node_from_key(self.key(tool_call_id))
+                address = node.name if node is not None else None
+            return str(address) if address is not None else ""
+        except Exception:
+            return ""
+
+    def _note(  # noqa: PLR0917
+        self,
+        op: str,
+        request: BeginRequest,
+        sent: float,
+        result: str,
+        attempt: int | None = None,
+        detail: str = "",
+    ) -> None:
+        self.trace.append(
+            {
+                "call": _TRACE_CALL.get(),
+                "id": request.tool_call_id,
+                "op": op,
+                "token": request.token,
+                "attempt": attempt,
+                "result": result,
+                "detail": detail[:300],
+                "sent": sent,
+                "done": time.time(),
+                "where": self._where(request.tool_call_id),
+            }
+        )
+
+    def _noted_begin(self, request: BeginRequest, sent: float, outcome: BeginOutcome) -> BeginOutcome:
+        self._note("begin", request, sent, outcome.kind.value, outcome.attempt)
+        if outcome.kind is BeginKind.STARTED:
+            _ATTEMPT.set((request.token, outcome.attempt))
+        return outcome
+
+    def _failed(self, op: str, request: BeginRequest, sent: float, exc: BaseException) -> None:
+        applied = getattr(exc, "maybe_applied", None)
+        why = f"{exc} (maybe_applied={applied})"
+        self._note(op, request, sent, f"error:{type(exc).__name__}", detail=why)
+
+    def _acks(self, request: BeginRequest) -> str:
+        wait = self._replica_wait
+        acks = wait._acks.get(request.token) if wait is not None else None
+        return "" if acks is None else f"replicas={acks.replicas} aof_local={acks.aof_local}"
+
+    def begin(self, request: BeginRequest) -> BeginOutcome:
+        sent, token = time.time(), _TRACE_OP.set("begin")
+        try:
+            return self._noted_begin(request, sent, super().begin(request))
+        except BaseException as exc:
+            self._failed("begin", request, sent, exc)
+            raise
+        finally:
+            _TRACE_OP.reset(token)
+
+    async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        sent, token = time.time(), _TRACE_OP.set("begin")
+        try:
+            return self._noted_begin(request, sent, await super().abegin(request))
+        except BaseException as exc:
+            self._failed("begin", request, sent, exc)
+            raise
+        finally:
+            _TRACE_OP.reset(token)
+
+    def ensure_durable(self, request: BeginRequest) -> None:
+        sent, acks = time.time(), self._acks(request)
+        try:
+            super().ensure_durable(request)
+        except BaseException as exc:
+            self._failed("durable", request, sent, exc)
+            raise
+        self._note("durable", request, sent, "ok", detail=acks)
+
+    async def aensure_durable(self, request: BeginRequest) -> None:
+        sent, acks = time.time(), self._acks(request)
+        try:
+            await super().aensure_durable(request)
+        except BaseException as exc:
+            self._failed("durable", request, sent, exc)
+            raise
+        self._note("durable", request, sent, "ok", detail=acks)
+
+    def commit(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        sent, token = time.time(), _TRACE_OP.set("commit")
+        try:
+            result = super().commit(request, attempt, value, mac)
+        except BaseException as exc:
+            self._failed("commit", request, sent, exc)
+            raise
+        finally:
+            _TRACE_OP.reset(token)
+        self._note("commit", request, sent, result.value, attempt)
+        return result
+
+    async def acommit(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        sent, token = time.time(), _TRACE_OP.set("commit")
+        try:
+            result = await super().acommit(request, attempt, value, mac)
+        except BaseException as exc:
+            self._failed("commit", request, sent, exc)
+            raise
+        finally:
+            _TRACE_OP.reset(token)
+        self._note("commit", request, sent, result.value, attempt)
+        return result
+
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        op = f"settle:{settlement.value}"
+        sent, token = time.time(), _TRACE_OP.set(op)
+        try:
+            result = super().settle(request, attempt, settlement)
+        except BaseException as exc:
+            self._failed(op, request, sent, exc)
+            raise
+        finally:
+            _TRACE_OP.reset(token)
+        self._note(op, request, sent, result.value, attempt)
+        return result
+
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        op = f"settle:{settlement.value}"
+        sent, token = time.time(), _TRACE_OP.set(op)
+        try:
+            result = await super().asettle(request, attempt, settlement)
+        except BaseException as exc:
+            self._failed(op, request, sent, exc)
+            raise
+        finally:
+            _TRACE_OP.reset(token)
+        self._note(op, request, sent, result.value, attempt)
+        return result
+
+
+def _note_resend(error: Exception, failures: int, retries: int) -> None:
+    RESENDS.append(
+        {
+            "call": _TRACE_CALL.get(),
+            "op": _TRACE_OP.get(),
+            "at": time.time(),
+            "failures": failures,
+            "resent": failures <= retries,
+            "error": f"{type(error).__name__}: {error}"[:200],
+        }
+    )
+
+
+class _TracedRetry(Retry):
+    """redis-py's Retry, noting each failure it handles (and so each re-send it makes) in RESENDS."""
+
+    def call_with_retry(
+        self,
+        do: Callable[[], Any],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        def noted(error: Exception, failures: int = 0) -> Any:
+            _note_resend(error, failures, self._retries)
+            return fail(error, failures) if with_failure_count else fail(error)
+
+        return super().call_with_retry(do, noted, is_retryable, with_failure_count=True)
+
+
+class _TracedAsyncRetry(AsyncRetry):
+    async def call_with_retry(
+        self,
+        do: Callable[[], Awaitable[Any]],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        async def noted(error: Exception, failures: int = 0) -> Any:
+            _note_resend(error, failures, self._retries)
+            return await (fail(error, failures) if with_failure_count else fail(error))
+
+        return await super().call_with_retry(do, noted, is_retryable, with_failure_count=True)
+
+
+def trace_client_retries() -> None:
+    """In this process, make the store's URL-built clients use the noting Retry classes (same policy)."""
+    from redis.backoff import ExponentialWithJitterBackoff
+
+    from airlock_redis.stores import url
+
+    base, cap = url.RETRY_BACKOFF
+    errors = [redis.ConnectionError, redis.TimeoutError]
+
+    def sync_options() -> dict[str, Any]:
+        retry = _TracedRetry(ExponentialWithJitterBackoff(base=base, cap=cap), url.RETRIES)
+        return {"retry": retry, "retry_on_error": errors}
+
+    def async_options() -> dict[str, Any]:
+        retry = _TracedAsyncRetry(ExponentialWithJitterBackoff(base=base, cap=cap), url.RETRIES)
+        return {"retry": retry, "retry_on_error": errors}
+
+    url.retry_options = sync_options
+    url.async_retry_options = async_options
+
+
 # -- the load worker (runs in a spawned process) ---------------------------------------------------
 def load_worker(  # noqa: PLR0917 - multiprocessing passes positional arguments
     url: str,
@@ -518,11 +763,14 @@ def load_worker(  # noqa: PLR0917 - multiprocessing passes positional arguments
 ) -> None:
     """Call mixed tools until ``stop`` is set (or ``max_seconds`` passed); 20% are duplicate retries.
 
-    A duplicate retry reuses an id this or another worker made (same tool, same arguments). Every real
-    execution and every outcome is written to ``out`` (JSON) for the parent to check.
+    A duplicate retry reuses an id this or another worker made or will make (same tool, same arguments).
+    Written to ``out`` (JSON) for the parent to check (see tests/load_history.py): every real execution
+    (its call, sync or async, first or duplicate, owner token and attempt), every call's outcome, every
+    store step (TracedStore.trace) and every connection failure the client's retry policy handled.
     """
     rng = random.Random(seed)
-    store = RedisEffectStore(
+    trace_client_retries()
+    store = TracedStore(
         url,
         namespace=namespace,
         wait_replicas=1,
@@ -531,10 +779,23 @@ def load_worker(  # noqa: PLR0917 - multiprocessing passes positional arguments
         socket_connect_timeout=1.0,
     )
     history = History()
-    executions: list[tuple[str, str, float]] = []
+    executions: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
 
     def during(tool_call_id: str) -> None:
-        executions.append((tool_call_id, history.tool_of[tool_call_id], time.time()))
+        token, attempt = current_attempt() or ("", 0)
+        executions.append(
+            {
+                **current,
+                "id": tool_call_id,
+                "tool": history.tool_of[tool_call_id],
+                "at": time.time(),
+                "token": token,
+                "attempt": attempt,
+                "key": current_idempotency_key() or "",
+            }
+        )
 
     tools = Tools(store, history, during)
     asynchronous = worker % 2 == 1
@@ -553,14 +814,40 @@ def load_worker(  # noqa: PLR0917 - multiprocessing passes positional arguments
                 tool = TOOLS[(worker + made) % 3]
                 tool_call_id, phase = f"{tool}:{worker}:{made}", "first"
                 made += 1
-            if loop is not None:
-                loop.run_until_complete(tools.acall(tool_call_id, tool=tool, phase=phase))
-            else:
-                tools.call(tool_call_id, tool=tool, phase=phase)
+            kind = "async" if loop is not None else "sync"
+            current.update(call=len(calls), worker=worker, pid=os.getpid(), kind=kind, phase=phase)
+            numbered = _TRACE_CALL.set(len(calls))
+            _ATTEMPT.set(None)
+            started = time.time()
+            try:
+                if loop is not None:
+                    outcome = loop.run_until_complete(tools.acall(tool_call_id, tool=tool, phase=phase))
+                else:
+                    outcome = tools.call(tool_call_id, tool=tool, phase=phase)
+            finally:
+                _TRACE_CALL.reset(numbered)
+            calls.append(
+                {
+                    **current,
+                    "id": tool_call_id,
+                    "tool": tool,
+                    "result": outcome.result,
+                    "detail": outcome.detail,
+                    "started": started,
+                    "ended": time.time(),
+                }
+            )
     finally:
         if loop is not None:
             loop.run_until_complete(store.aclose())
             loop.close()
         store.close()
-    outcomes = [[o.tool_call_id, o.tool, o.phase, o.result, o.detail] for o in history.outcomes]
-    Path(out).write_text(json.dumps({"pid": os.getpid(), "executions": executions, "outcomes": outcomes}))
+    report = {
+        "worker": worker,
+        "pid": os.getpid(),
+        "executions": executions,
+        "outcomes": calls,
+        "store": store.trace,
+        "resends": RESENDS,
+    }
+    Path(out).write_text(json.dumps(report))

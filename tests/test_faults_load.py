@@ -1,10 +1,12 @@
 """8 processes call mixed tools (irreversible, costly, reversible) with 20% duplicate retries while the
 primary is killed (-9) and a replica takes over; every store uses ``wait_replicas=1``.
 
-Each worker writes every real execution and every outcome to a file; the test joins them and asserts
-that no irreversible or costly call ran twice. Refusals during the failover window (store_unavailable:
-no replica could acknowledge, or no primary answered) are expected and counted. Bounded: the load stops
-when the test says so (after the failover and some load on the new primary) or after MAX_SECONDS.
+Each worker writes every real execution, every outcome and every store step to a file; the test joins
+them (tests/load_history.py) and asserts that no irreversible or costly call ran twice; if one did, it
+prints that id's whole history (and saves it under $AIRLOCK_LOAD_HISTORY_DIR when set). Refusals during
+the failover window (store_unavailable: no replica could acknowledge, or no primary answered) are
+expected and counted. Bounded: the load stops when the test says so (after the failover and some load
+on the new primary) or after MAX_SECONDS.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import multiprocessing
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
 
+from airlock_redis import RedisEffectStore
+
+from . import load_history
 from .faults import (
     ONCE_ONLY,
     load_worker,
@@ -61,8 +66,11 @@ def run_load(  # noqa: PLR0917
     recover: Callable[[], float],
     title: str,
     tmp: Path,
+    logs: Callable[[], str] = lambda: "",
 ) -> dict[str, Any]:
-    """``recover()`` waits for the take-over and restores a replica; it returns when the take-over was."""
+    """``recover()`` waits for the take-over and restores a replica; it returns when the take-over was.
+    ``logs()`` gives the servers' logs: counted (LOG_EVENTS) in the saved summary, and printed with the
+    history of any id that ran twice."""
     ns = namespace()
     ctx = multiprocessing.get_context("spawn")
     go, stop = ctx.Event(), ctx.Event()
@@ -96,24 +104,15 @@ def run_load(  # noqa: PLR0917
                 process.kill()
     assert all(p.exitcode == 0 for p in workers), [p.exitcode for p in workers]
 
-    runs: Counter[str] = Counter()
-    tool_of: dict[str, str] = {}
-    results: Counter[str] = Counter()
-    phases: Counter[str] = Counter()
-    causes: Counter[str] = Counter()
-    executions_after_recovery = 0
-    for out in outs:
-        data = json.loads(out.read_text())
-        for tool_call_id, tool, at in data["executions"]:
-            runs[tool_call_id] += 1
-            tool_of[tool_call_id] = tool
-            executions_after_recovery += float(at) > recovered_at
-        for _id, _tool, phase, result, detail in data["outcomes"]:
-            results[result] += 1
-            phases[phase] += 1
-            if result.startswith("refused"):
-                causes[_cause(detail)] += 1
-    twice = {i: n for i, n in runs.items() if n > 1}
+    run = load_history.load(outs)
+    runs, tool_of = run.runs(), run.tool_of()
+    results: Counter[str] = Counter(o["result"] for o in run.outcomes)
+    phases: Counter[str] = Counter(o["phase"] for o in run.outcomes)
+    causes: Counter[str] = Counter(
+        _cause(o["detail"]) for o in run.outcomes if o["result"].startswith("refused")
+    )
+    executions_after_recovery = sum(1 for e in run.executions if float(e["at"]) > recovered_at)
+    twice = run.twice()
     measured: dict[str, Any] = {
         "calls": sum(results.values()),
         "duplicate_retries": phases["duplicate"],
@@ -129,11 +128,42 @@ def run_load(  # noqa: PLR0917
         "seconds_promotion_to_replica_back": round(recovered_at - promoted_at, 1),
     }
     print(f"\n[fault-measure] load {title}: {json.dumps(measured, sort_keys=True)}", flush=True)
-    once_only_twice = {i: n for i, n in twice.items() if tool_of[i] in ONCE_ONLY}
-    assert once_only_twice == {}, f"irreversible or costly calls ran twice: {once_only_twice}"
+    once_only_twice = run.twice(ONCE_ONLY)
+    measured["once_only_twice"] = once_only_twice
+    server_logs = logs()
+    saved = {  # near misses too: a commit that found no record, or a once-only id begun twice
+        "log_events": _log_events(server_logs),
+        "store_results": dict(Counter(f"{step['op']}:{step['result']}" for step in run.store)),
+        "recreated": sorted({step["id"] for step in run.store if step["result"] == "recreated"}),
+        "superseded": sorted({st["id"] for st in run.store if st["result"] == "superseded"}),
+    }
+    text = ""
+    if once_only_twice:
+        marks = {"kill": killed_at, "promotion": promoted_at, "replica back": recovered_at}
+        records = _records(url, ns, once_only_twice)
+        text = load_history.explain(run, sorted(once_only_twice), marks, records)
+        text += "\n\n=== server logs ===\n" + server_logs
+        print(f"\n[fault-history] load {title}:\n{text}", flush=True)
+    load_history.save(title, {"title": title, **measured, **saved}, text, run if once_only_twice else None)
+    assert once_only_twice == {}, f"irreversible or costly calls ran twice: {once_only_twice}\n{text}"
     assert measured["calls"] >= 2 * LOAD_RECORDS and measured["duplicate_retries"] > 0
     assert executions_after_recovery > 0, "no load reached the new primary"
     return measured
+
+
+def _records(url: str, ns: str, ids: Iterable[str]) -> dict[str, Any]:
+    """The records of ``ids`` as the primary holds them after the run (or why they could not be read)."""
+    found: dict[str, Any] = {}
+    store = RedisEffectStore(url, namespace=ns, socket_timeout=5.0)
+    try:
+        for tool_call_id in ids:
+            try:
+                found[tool_call_id] = store.get(tool_call_id)
+            except Exception as exc:
+                found[tool_call_id] = f"unreadable: {type(exc).__name__}: {exc}"
+    finally:
+        store.close()
+    return found
 
 
 def _cause(detail: str) -> str:
@@ -162,7 +192,15 @@ def test_load_through_a_sentinel_failover(tmp_path: Path) -> None:
             restore_sentinel_replica(topology, old, new)  # wait_replicas=1 needs a replica again
             return promoted_at
 
-        run_load(topology.url, topology.data_nodes, old.kill, recover, "sentinel failover", tmp_path)
+        run_load(
+            topology.url,
+            topology.data_nodes,
+            old.kill,
+            recover,
+            "sentinel failover",
+            tmp_path,
+            lambda: _log_tails(topology.processes),
+        )
 
 
 def test_load_through_a_cluster_failover(tmp_path: Path) -> None:
@@ -179,4 +217,44 @@ def test_load_through_a_cluster_failover(tmp_path: Path) -> None:
             wait_synced_replica(target, new)
             return promoted_at
 
-        run_load(cluster.url, cluster.nodes, target.kill, recover, "cluster failover", tmp_path)
+        run_load(
+            cluster.url,
+            cluster.nodes,
+            target.kill,
+            recover,
+            "cluster failover",
+            tmp_path,
+            lambda: _log_tails(cluster.processes),
+        )
+
+
+def _log_tails(processes: Iterable[RedisProcess]) -> str:
+    return "\n".join(p.log_tail(20000) for p in processes)
+
+
+# what the servers and sentinels said about roles during a run (counted in the saved summary): a second
+# failover, a spurious down, or a node told to follow another would show here
+LOG_EVENTS = (
+    "+sdown master",
+    "+odown",
+    "+switch-master",
+    "+failover-end",
+    "-failover-abort",
+    "+convert-to-slave",
+    "Failover election won",
+    "Cluster state changed: fail",
+    "MASTER MODE enabled",
+    "Connecting to MASTER",
+    "Full resync requested",
+    "Partial resynchronization request from",
+)
+
+
+def _log_events(text: str) -> dict[str, Any]:
+    counts = {event: text.count(event) for event in LOG_EVENTS if event in text}
+    lines = [
+        line[:160]
+        for line in text.splitlines()
+        if line.startswith("---") or any(e in line for e in LOG_EVENTS)
+    ]
+    return {"counts": counts, "lines": lines[:120]}
