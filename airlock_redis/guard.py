@@ -55,7 +55,6 @@ log = logging.getLogger("airlock_redis")
 
 
 _NO_VALUE: Any = object()
-_verdict = parse_verdict
 
 
 class EffectGuard:
@@ -255,7 +254,7 @@ class EffectGuard:
             raise refusals.result_not_stored(call.tool, tool_call_id, key)
         raise refusals.status_unknown(call.tool, tool_call_id, key, outcome, self._target)
 
-    def _observed_decide(
+    def _step(
         self,
         call: GuardedCall,
         planned: Plan,
@@ -265,9 +264,10 @@ class EffectGuard:
         *,
         t0: float,
     ) -> Started | Execution[Any]:
-        """:meth:`_decide`, reporting the begin latency and what was decided to the observer."""
+        """:meth:`_decide`, and with an observer, the begin latency and what was decided reported to it."""
         observer = self._observer
-        assert observer is not None
+        if observer is None:
+            return self._decide(call, planned, request, outcome, annotation)
         now = time.perf_counter()
         observer.store_operation("begin", now - t0, None)
         try:
@@ -292,7 +292,7 @@ class EffectGuard:
         expect_key: str | None,
         value: Any,
     ) -> tuple[Status | Settlement, Fence, bytes | None]:
-        verdict = _verdict(verdict)
+        verdict = parse_verdict(verdict)
         fence = resolve_fence(seen, force=force, expect_key=expect_key)
         if value is _NO_VALUE:
             return verdict, fence, None
@@ -465,20 +465,6 @@ class EffectGuard:
         else:
             self._commit_blocking(step, value)
         return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
-
-    def _step(
-        self,
-        call: GuardedCall,
-        planned: Plan,
-        request: BeginRequest,
-        outcome: BeginOutcome,
-        annotation: Callable[[], Any],
-        *,
-        t0: float,
-    ) -> Started | Execution[Any]:
-        if self._observer is None:
-            return self._decide(call, planned, request, outcome, annotation)
-        return self._observed_decide(call, planned, request, outcome, annotation, t0=t0)
 
     def _make_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
         """wait_replicas: the tool runs only once enough replicas hold its pending record."""
