@@ -21,7 +21,7 @@ T = TypeVar("T")
 
 log = logging.getLogger("airlock_redis")
 
-Effect = Literal["executed", "replayed", "unguarded"]
+Effect = Literal["executed", "replayed", "unguarded", "nested"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,9 @@ class Execution(Generic[T]):
     """What a guarded call produced, and how."""
 
     value: T
-    effect: Effect  # executed: the tool ran; replayed: the stored value; unguarded: ran without a record
+    # executed: the tool ran; replayed: the stored value; unguarded: ran without a record (no id);
+    # nested: ran inside the guarded body of the same tool_call_id, covered by that call's record
+    effect: Effect
     tool_call_id: str | None
     idempotency_key: str | None
     attempt: int = 0

@@ -24,8 +24,9 @@ class CallContext:
 _host_context: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "airlock_redis_call_context", default=None
 )
-_running_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "airlock_redis_idempotency_key", default=None
+# (idempotency key, tool_call_id) of the guarded call whose body runs now
+_running: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(
+    "airlock_redis_running_call", default=(None, None)
 )
 
 
@@ -56,19 +57,25 @@ def current_call_context() -> CallContext | None:
 
 def current_idempotency_key() -> str | None:
     """The idempotency key of the guarded call running now (None outside one)."""
-    return _running_key.get()
+    return _running.get()[0]
+
+
+def running_tool_call_id() -> str | None:
+    """The tool_call_id whose guarded body runs now (None outside one). A guarded call made inside
+    that body under the same id is part of it: it runs without a record of its own."""
+    return _running.get()[1]
 
 
 class running_key:
-    """Expose ``key`` as the running call's idempotency key inside the block."""
+    """Expose ``key`` (and the call's ``tool_call_id``) as the running call's inside the block."""
 
-    __slots__ = ("_key", "_token")
+    __slots__ = ("_running", "_token")
 
-    def __init__(self, key: str | None) -> None:
-        self._key = key
+    def __init__(self, key: str | None, tool_call_id: str | None = None) -> None:
+        self._running = (key, tool_call_id)
 
     def __enter__(self) -> None:
-        self._token = _running_key.set(self._key)
+        self._token = _running.set(self._running)
 
     def __exit__(self, *exc: object) -> None:
-        _running_key.reset(self._token)
+        _running.reset(self._token)

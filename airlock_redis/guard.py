@@ -13,12 +13,19 @@ import inspect
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
 from .approval import ApprovalRequest, Approver, approve, approve_blocking
 from .attempts import Execution, Reporter, Started
-from .context import current_call_context, running_key
+from .context import (
+    current_call_context,
+    current_idempotency_key,
+    running_key,
+    running_tool_call_id,
+    tool_call_context,
+)
 from .core import refusals
 from .core.ambiguity import AmbiguityRule
 from .core.callables import is_async_callable
@@ -55,6 +62,12 @@ log = logging.getLogger("airlock_redis")
 
 
 _NO_VALUE: Any = object()
+# set on every wrapper guard.wrap returns: the guard that owns it
+_GUARDED_BY = "__effect_guard__"
+
+
+def _name_of(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 class EffectGuard:
@@ -104,6 +117,10 @@ class EffectGuard:
         # how an operator reaches this store from the command line (None: it lives in this process)
         self._target: str | None = store_.operator_target if isinstance(store_, RemoteEffectStore) else None
         self._report = Reporter(observer, self._target)
+        # what call()/acall() wrapped, so a function is wrapped (and its signature read) once
+        self._wrappers: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @property
     def require_tool_call_id(self) -> bool:
@@ -181,9 +198,46 @@ class EffectGuard:
                 return self.execute(call, lambda: fn(*args, **kwargs), annotation=annotation.get).value
 
             wrapper = sync_wrapper
+        setattr(wrapper, _GUARDED_BY, self)
         return wrapper
 
     __call__ = wrap
+
+    def call(self, tool_call_id: str, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Run ``fn(*args, **kwargs)`` guarded under ``tool_call_id``: no context variable needed,
+        so a hand-written tool loop or a worker thread (where context variables are not copied)
+        passes the id it holds. ``fn`` is a blocking callable, guarded or not (a tool already
+        wrapped by a guard keeps its own wrapper: one record, one execution). For a coroutine
+        function use :meth:`acall`."""
+        if is_async_callable(fn) or inspect.isasyncgenfunction(fn):
+            raise TypeError(f"{_name_of(fn)} is async: use `await guard.acall(...)`")
+        with tool_call_context(tool_call_id):
+            return self._guarded(fn)(*args, **kwargs)
+
+    async def acall(
+        self, tool_call_id: str, fn: Callable[P, Awaitable[R]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        """Coroutine form of :meth:`call` for an ``async def`` tool."""
+        if not is_async_callable(fn):
+            raise TypeError(
+                f"{_name_of(fn)} is not a coroutine function: use guard.call (in a thread, "
+                "`await asyncio.to_thread(guard.call, tool_call_id, fn, ...)`)"
+            )
+        with tool_call_context(tool_call_id):
+            return await self._guarded(fn)(*args, **kwargs)
+
+    def _guarded(self, fn: Callable[P, R]) -> Callable[P, R]:
+        """``fn`` wrapped by this guard, once per function (a wrapper of any guard is kept)."""
+        if getattr(fn, _GUARDED_BY, None) is not None:
+            return fn
+        try:
+            return cast(Callable[P, R], self._wrappers[fn])
+        except KeyError:
+            wrapper = self.wrap(fn)
+            self._wrappers[fn] = wrapper
+            return wrapper
+        except TypeError:  # not hashable, or no weak reference to it: wrap it for this call
+            return self.wrap(fn)
 
     # -- the steps both drivers share ------------------------------------------------------------
     def _approval_request(self, call: GuardedCall, planned: Plan) -> ApprovalRequest:
@@ -437,6 +491,8 @@ class EffectGuard:
         if planned.tool_call_id is None:
             with running_key(planned.idempotency_key):
                 return Execution(invoke(), "unguarded", None, planned.idempotency_key)
+        if planned.tool_call_id == running_tool_call_id():  # inside the body of this very call
+            return Execution(invoke(), "nested", planned.tool_call_id, current_idempotency_key())
         request = self._begin_request(call, planned)
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
@@ -454,7 +510,7 @@ class EffectGuard:
         if self._durable is not None:
             self._make_durable(call, planned, step)
         try:
-            with running_key(planned.idempotency_key):
+            with running_key(planned.idempotency_key, planned.tool_call_id):
                 value = invoke()
         except BaseException as error:
             self._settle_blocking(step, settlement_for_error(error, self.ambiguity))
@@ -538,6 +594,8 @@ class EffectGuard:
         if planned.tool_call_id is None:
             with running_key(planned.idempotency_key):
                 return Execution(await invoke(), "unguarded", None, planned.idempotency_key)
+        if planned.tool_call_id == running_tool_call_id():  # inside the body of this very call
+            return Execution(await invoke(), "nested", planned.tool_call_id, current_idempotency_key())
         request = self._begin_request(call, planned)
         t0 = time.perf_counter() if self._observer is not None else 0.0
         try:
@@ -555,7 +613,7 @@ class EffectGuard:
         if self._durable is not None:
             await self._amake_durable(call, planned, step)
         try:
-            with running_key(planned.idempotency_key):
+            with running_key(planned.idempotency_key, planned.tool_call_id):
                 value = await invoke()
         except BaseException as error:
             await self._asettle(step, settlement_for_error(error, self.ambiguity))
