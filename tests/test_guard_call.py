@@ -156,3 +156,33 @@ def test_a_guarded_tool_inside_the_body_of_the_same_id_is_covered_by_the_outer_r
 
     assert asyncio.run(main()) == ["async 1", "async 1"]
     assert runs == ["acct", "async 1"]
+
+
+def test_every_refusal_has_a_model_message_and_a_repr_that_says_why() -> None:
+    from airlock_redis.core import errors
+
+    classes = [
+        c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.EffectRefused)
+    ]
+    reasons = {c.reason for c in classes if c is not errors.EffectRefused}
+    assert reasons == set(errors.REFUSAL_REASONS) == set(errors.MODEL_MESSAGES)
+    for cls in classes:
+        if cls is errors.EffectRefused:
+            continue
+        refused = cls("the operator text", tool="charge", tool_call_id="call_9", idempotency_key="k" * 64)
+        assert f"reason={cls.reason!r}" in repr(refused) and "the operator text" in repr(refused)
+        assert refused.model_message.startswith("Tool 'charge' was not run.")
+        assert "k" * 64 not in refused.model_message and "airlock-redis" not in refused.model_message
+
+
+def test_the_model_message_of_a_call_in_doubt_says_not_to_issue_it_again(guard: EffectGuard) -> None:
+    def transfer() -> str:
+        raise TimeoutError("the bank did not answer")
+
+    with pytest.raises(TimeoutError):
+        guard.call("call_m", transfer)
+    with pytest.raises(EffectStatusUnknown) as refused:
+        guard.call("call_m", transfer)
+    text = refused.value.model_message
+    assert "Do not issue this call again, under this id or a new one" in text
+    assert "try again" not in text.lower()

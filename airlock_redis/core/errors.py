@@ -20,6 +20,45 @@ RefusalReason = Literal[
 ]
 REFUSAL_REASONS: tuple[str, ...] = get_args(RefusalReason)
 
+# What a model is told for each refusal (EffectRefused.model_message): what happened, what to do.
+MODEL_MESSAGES: dict[str, str] = {
+    "effect_status_unknown": (
+        "An earlier attempt of this same call may already have taken effect, and whether it did is "
+        "unknown. Do not issue this call again, under this id or a new one. Tell the user that this "
+        "action needs to be checked by a person before anything else is done about it."
+    ),
+    "policy_violation": (
+        "Its tool call id was already used for a different tool or different arguments, so it "
+        "cannot be run under that id. Do not retry it under the same id; if a different action is "
+        "really intended, make it as a new tool call."
+    ),
+    "tool_call_id_required": (
+        "The call reached the tool without a tool call id, so it could not be guarded against "
+        "running twice. This is a setup problem of the host, not of the call: do not retry; tell "
+        "the user."
+    ),
+    "target_args_required": (
+        "The call does not name the target it acts on, which this tool requires. Call it again "
+        "with its target argument filled in, or ask the user for the target."
+    ),
+    "approval_denied": (
+        "Approval for this call was not given. Do not retry it; tell the user that it was not approved."
+    ),
+    "store_unavailable": (
+        "The record that guards it against running twice could not be written, so nothing was "
+        "done. It is safe to try again later; if it keeps failing, tell the user."
+    ),
+    "result_not_stored": (
+        "This same call already ran earlier, but its result could not be kept, so it is neither "
+        "run again nor repeated here. Do not issue it again; tell the user it was done and that "
+        "its result is not available."
+    ),
+    "record_corrupt": (
+        "The record of an earlier attempt of this call is damaged, so it is neither run again nor "
+        "replayed. Do not retry it; tell the user it needs to be checked by a person."
+    ),
+}
+
 
 class EffectOutcomeUnknown(Exception):
     """Raised by a tool to say it cannot tell whether its effect took place.
@@ -54,6 +93,20 @@ class EffectRefused(Exception):
         if self.fix_hint:
             return f"[{self.reason}] {self.message} {self.fix_hint}"
         return f"[{self.reason}] {self.message}"
+
+    def __repr__(self) -> str:
+        # frameworks print the repr of a tool's exception: it shows why, not only the class
+        return (
+            f"{type(self).__name__}(reason={self.reason!r}, tool={self.tool!r}, "
+            f"tool_call_id={self.tool_call_id!r}, message={self.message!r})"
+        )
+
+    @property
+    def model_message(self) -> str:
+        """What to tell the model in place of the tool's result: what happened, and what to do
+        (never "please try again" for a call that may have taken effect). No key or command for an
+        operator: those are in ``str(error)`` for the logs."""
+        return f"Tool {self.tool!r} was not run. {MODEL_MESSAGES[self.reason]}"
 
 
 class EffectStatusUnknown(EffectRefused):
