@@ -11,42 +11,29 @@ import asyncio
 import functools
 import inspect
 import logging
-import secrets
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 
-from .approval import ApprovalRequest, Approver, approve, approve_blocking
-from .attempts import Execution, Reporter, Started
+from .approval import Approver, approve, approve_blocking
+from .attempts import Attempt, AttemptRules, Commit, Execution, Reporter
 from .context import (
     current_call_context,
-    current_idempotency_key,
-    running_key,
-    running_tool_call_id,
     tool_call_context,
 )
-from .core import refusals
 from .core.ambiguity import AmbiguityRule
 from .core.callables import is_async_callable
 from .core.canonical import ArgumentBinder
-from .core.codec import DEFAULT_MAX_RESULT_BYTES, decode_result, encode_result, return_annotation, revalidate
-from .core.decision import Refuse, Replay, Run, decide
+from .core.codec import DEFAULT_MAX_RESULT_BYTES, encode_result, return_annotation
 from .core.errors import (
     CorruptRecordError,
     EffectRefused,
-    ResultDecodingError,
-    ResultEncodingError,
     StoreError,
 )
-from .core.gates import GuardedCall, GuardOptions, Plan, plan
-from .core.outcome import (
-    DEFAULT_AMBIGUOUS_ERRORS,
-    gives_back_after_failed_begin,
-    settlement_for_error,
-    settlement_for_return,
-)
-from .core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from .core.gates import GuardedCall, GuardOptions
+from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS, stream_items
+from .core.records import BeginRequest, Record, Settlement, Status, TransitionResult
 from .core.reversibility import reversibility_of
 from .core.signing import Signer, SigningKeys
 from .core.verdicts import Fence, fence_on_current, parse_verdict, resolve_fence
@@ -64,6 +51,11 @@ log = logging.getLogger("airlock_redis")
 _NO_VALUE: Any = object()
 # set on every wrapper guard.wrap returns: the guard that owns it
 _GUARDED_BY = "__effect_guard__"
+
+
+def _any_annotation() -> Any:
+    """The return annotation of a tool that gives none: a replayed value is taken as it is."""
+    return Any
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
@@ -117,6 +109,7 @@ class EffectGuard:
         # how an operator reaches this store from the command line (None: it lives in this process)
         self._target: str | None = store_.operator_target if isinstance(store_, RemoteEffectStore) else None
         self._report = Reporter(observer, self._target)
+        self._rules = AttemptRules(self.options, ambiguity, max_result_bytes, self._signer, self._report)
         # what call()/acall() wrapped, so a function is wrapped (and its signature read) once
         self._wrappers: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = (
             weakref.WeakKeyDictionary()
@@ -179,7 +172,7 @@ class EffectGuard:
                 done = await self.aexecute(call, start, annotation=annotation.get)
                 if done.effect == "replayed":
                     # only an operator's "committed" verdict gives a stream a stored value: its items
-                    for item in _as_items(done.value):
+                    for item in stream_items(done.value):
                         yield item
                     return
                 stream = done.value
@@ -239,103 +232,24 @@ class EffectGuard:
         except TypeError:  # not hashable, or no weak reference to it: wrap it for this call
             return self.wrap(fn)
 
-    # -- the steps both drivers share ------------------------------------------------------------
-    def _approval_request(self, call: GuardedCall, planned: Plan) -> ApprovalRequest:
-        assert planned.approval_why is not None
-        return ApprovalRequest(
-            tool=call.tool,
-            tool_call_id=planned.tool_call_id,
-            idempotency_key=planned.idempotency_key,
-            arguments=call.arguments,
-            reversibility=call.reversibility,
-            why=planned.approval_why,
-        )
+    # -- the writes both drivers send ------------------------------------------------------------
+    def _refused(self, call: GuardedCall, refusal: EffectRefused) -> None:
+        if self._observer is not None:
+            self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
 
-    def _begin_request(self, call: GuardedCall, planned: Plan) -> BeginRequest:
-        assert planned.tool_call_id is not None and planned.idempotency_key is not None
-        return BeginRequest(
-            tool_call_id=planned.tool_call_id,
-            idempotency_key=planned.idempotency_key,
-            tool=call.tool,
-            token=secrets.token_hex(16),
-            reversible=call.reversibility.may_run_again,
-        )
+    def _write(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
+        request = attempt.request
+        assert request is not None
+        if isinstance(step, Settlement):
+            return self.store.settle(request, attempt.attempt, step)
+        return self.store.commit(request, attempt.attempt, step.data, step.mac)
 
-    def _begin_failed(self, call: GuardedCall, planned: Plan, error: StoreError) -> Exception:
-        assert planned.tool_call_id is not None and planned.idempotency_key is not None
-        return self._report.begin_failed(call.tool, planned.tool_call_id, planned.idempotency_key, error)
-
-    def _decide(
-        self,
-        call: GuardedCall,
-        planned: Plan,
-        request: BeginRequest,
-        outcome: BeginOutcome,
-        annotation: Callable[[], Any],
-    ) -> Started | Execution[Any]:
-        """Run, replay, or raise the refusal; the table itself is :func:`decide`."""
-        assert planned.tool_call_id is not None and planned.idempotency_key is not None
-        tool_call_id, key = planned.tool_call_id, planned.idempotency_key
-        decision = decide(outcome)
-        if isinstance(decision, Run):
-            return Started(planned, request, decision.attempt)
-        if isinstance(decision, Replay):
-            if self._signer is not None and not self._signer.verify(
-                tool_call_id, key, decision.value, decision.mac
-            ):
-                log.error(
-                    "airlock_redis: the stored result of %s tool_call_id=%r fails its signature check "
-                    "(edited or forged in Redis); refusing it",
-                    call.tool,
-                    tool_call_id,
-                )
-                raise refusals.record_corrupt(
-                    call.tool,
-                    tool_call_id,
-                    key,
-                    "its signature does not verify (edited or forged in the store)",
-                )
-            try:
-                value = revalidate(decode_result(decision.value), annotation())
-            except ResultDecodingError as exc:
-                raise refusals.record_corrupt(call.tool, tool_call_id, key, str(exc)) from None
-            log.info("airlock_redis: replayed %s tool_call_id=%r", call.tool, tool_call_id)
-            return Execution(value, "replayed", tool_call_id, key, outcome.attempt)
-        assert isinstance(decision, Refuse)
-        if decision.reason == "policy_violation":
-            raise refusals.policy_violation(call.tool, tool_call_id, key, outcome)
-        if decision.reason == "result_not_stored":
-            raise refusals.result_not_stored(call.tool, tool_call_id, key)
-        raise refusals.status_unknown(call.tool, tool_call_id, key, outcome, self._target)
-
-    def _step(
-        self,
-        call: GuardedCall,
-        planned: Plan,
-        request: BeginRequest,
-        outcome: BeginOutcome,
-        annotation: Callable[[], Any],
-        *,
-        t0: float,
-    ) -> Started | Execution[Any]:
-        """:meth:`_decide`, and with an observer, the begin latency and what was decided reported to it."""
-        observer = self._observer
-        if observer is None:
-            return self._decide(call, planned, request, outcome, annotation)
-        now = time.perf_counter()
-        observer.store_operation("begin", now - t0, None)
-        try:
-            step = self._decide(call, planned, request, outcome, annotation)
-        except EffectRefused as refusal:
-            observer.call_event(
-                "refused", call.tool, request.tool_call_id, reason=refusal.reason, attempt=outcome.attempt
-            )
-            raise
-        if isinstance(step, Execution):
-            observer.call_event("replayed", call.tool, request.tool_call_id, attempt=step.attempt)
-            return step
-        observer.call_event("started", call.tool, request.tool_call_id, attempt=step.attempt)
-        return Started(step.plan, step.request, step.attempt, time.perf_counter())
+    async def _awrite(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
+        request = attempt.request
+        assert request is not None
+        if isinstance(step, Settlement):
+            return await self.store.asettle(request, attempt.attempt, step)
+        return await self.store.acommit(request, attempt.attempt, step.data, step.mac)
 
     # -- the operator's verdict ------------------------------------------------------------------
     def _resolve_args(
@@ -444,28 +358,6 @@ class EffectGuard:
         self._report.resolved(tool_call_id, verdict, result)
         return result
 
-    def _sealed(self, started: Started, value: Any) -> tuple[bytes | None, bytes | None]:
-        """The bytes to store for a result and their MAC, or (None, None) when the result cannot be
-        stored. Never raises: the tool has run, so whatever goes wrong here (an encoder that meets an
-        attribute that raises, a signer error) ends as "committed, not stored", never as a record
-        left pending or an exception for a call that took effect."""
-        request = started.request
-        try:
-            data = encode_result(value, self.max_result_bytes)
-            if self._signer is None:
-                return data, None
-            return data, self._signer.sign(request.tool_call_id, request.idempotency_key, data)
-        except Exception as exc:
-            why = str(exc) if isinstance(exc, ResultEncodingError) else f"{type(exc).__name__}: {exc}"
-            log.warning(
-                "airlock_redis: %s ran under tool_call_id=%r but its result cannot be stored (%s); "
-                "replays will be refused",
-                request.tool,
-                request.tool_call_id,
-                why,
-            )
-            return None, None
-
     # -- blocking driver -------------------------------------------------------------------------
     def execute(
         self,
@@ -473,63 +365,57 @@ class EffectGuard:
         invoke: Callable[[], T],
         *,
         approver: Approver | None = None,
-        annotation: Callable[[], Any] = lambda: Any,
+        annotation: Callable[[], Any] = _any_annotation,
     ) -> Execution[T]:
         """Run one call of a blocking tool through the gates, the store and the replay table.
 
         ``invoke`` runs the tool body. ``approver`` overrides the guard's own for this call.
         Raises an :class:`EffectRefused` when the call is refused; whatever the tool raises otherwise.
+        The decisions are the :class:`~airlock_redis.attempts.Attempt`'s; this only does the I/O.
         """
         try:
-            planned = plan(call, self.options)
-            if planned.approval_why is not None:
-                approve_blocking(approver or self.approver, self._approval_request(call, planned))
+            attempt = Attempt(self._rules, call, annotation)
+            if attempt.approval is not None:
+                approve_blocking(approver or self.approver, attempt.approval)
         except EffectRefused as refusal:
-            if self._observer is not None:
-                self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
+            self._refused(call, refusal)
             raise
-        if planned.tool_call_id is None:
-            with running_key(planned.idempotency_key):
-                return Execution(invoke(), "unguarded", None, planned.idempotency_key)
-        if planned.tool_call_id == running_tool_call_id():  # inside the body of this very call
-            return Execution(invoke(), "nested", planned.tool_call_id, current_idempotency_key())
-        request = self._begin_request(call, planned)
-        t0 = time.perf_counter() if self._observer is not None else 0.0
+        request = attempt.begin_request()
+        if request is None:
+            with attempt.running():
+                return attempt.without_record(invoke())
         try:
             outcome = self.store.begin(request)
         except StoreError as exc:
-            if gives_back_after_failed_begin(exc):
+            release, refused = attempt.on_begin_failed(exc)
+            if release:
                 self._release_lost_begin(request)
-            raise self._begin_failed(call, planned, exc) from exc
+            raise refused from exc
         except BaseException:  # interrupted while begin ran: it may have landed; the tool never runs
             self._release_lost_begin(request)
             raise
-        step = self._step(call, planned, request, outcome, annotation, t0=t0)
-        if isinstance(step, Execution):
-            return cast(Execution[T], step)
+        replay = attempt.on_begun(outcome)
+        if replay is not None:
+            return replay
         if self._durable is not None:
-            self._make_durable(call, planned, step)
+            self._make_durable(attempt, request)
         try:
-            with running_key(planned.idempotency_key, planned.tool_call_id):
+            with attempt.running():
                 value = invoke()
         except BaseException as error:
-            self._settle_blocking(step, settlement_for_error(error, self.ambiguity))
+            self._finish(attempt, attempt.on_raised(error))
             raise
-        settlement = settlement_for_return(value)
-        if settlement is not None:
-            self._settle_blocking(step, settlement)
-        else:
-            self._commit_blocking(step, value)
-        return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
+        self._finish(attempt, attempt.on_returned(value))
+        return attempt.executed(value)
 
-    def _make_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
+    def _make_durable(self, attempt: Attempt, request: BeginRequest) -> None:
         """wait_replicas: the tool runs only once enough replicas hold its pending record."""
         assert self._durable is not None
         try:
-            self._durable.ensure_durable(started.request)
+            self._durable.ensure_durable(request)
         except StoreError as exc:
-            self._settle_blocking(started, _give_back(started))
-            raise self._begin_failed(call, planned, exc) from exc
+            self._finish(attempt, attempt.give_back())
+            raise attempt.on_begin_failed(exc)[1] from exc
 
     def _release_lost_begin(self, request: BeginRequest) -> None:
         """The begin may have been applied though its reply was lost: take back what this attempt
@@ -543,30 +429,15 @@ class EffectGuard:
         except StoreError as exc:
             self._report.unreleased(request, exc)
 
-    async def _arelease_lost_begin(self, request: BeginRequest) -> None:
+    def _finish(self, attempt: Attempt, step: Commit | Settlement) -> None:
+        """Send the attempt's last write. Never raises: the tool has run (or will not), and the
+        caller gets its value or its own error whatever the store does."""
+        t_sent = time.perf_counter() if self._observer is not None else 0.0
         try:
-            await self.store.asettle(request, 1, Settlement.RELEASE)
-        except StoreError as exc:
-            self._report.unreleased(request, exc)
-
-    def _commit_blocking(self, started: Started, value: Any) -> None:
-        request = started.request
-        data, mac = self._sealed(started, value)
-        t0 = time.perf_counter() if self._observer is not None else 0.0
-        try:
-            result: TransitionResult | StoreError = self.store.commit(request, started.attempt, data, mac)
-        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
+            result: TransitionResult | StoreError = self._write(attempt, step)
+        except Exception as exc:  # whatever the store raised
             result = as_store_error(exc)
-        self._report.committed(started, result, t0)
-
-    def _settle_blocking(self, started: Started, settlement: Settlement) -> None:
-        request = started.request
-        t0 = time.perf_counter() if self._observer is not None else 0.0
-        try:
-            result: TransitionResult | StoreError = self.store.settle(request, started.attempt, settlement)
-        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
-            result = as_store_error(exc)
-        self._report.settled(started, settlement, result, t0)
+        attempt.ended(step, result, t_sent)
 
     # -- coroutine driver ------------------------------------------------------------------------
     async def aexecute(
@@ -575,7 +446,7 @@ class EffectGuard:
         invoke: Callable[[], Awaitable[T]],
         *,
         approver: Approver | None = None,
-        annotation: Callable[[], Any] = lambda: Any,
+        annotation: Callable[[], Any] = _any_annotation,
     ) -> Execution[T]:
         """Coroutine form of :meth:`execute` for async tools; ``invoke`` returns the awaitable body.
 
@@ -584,106 +455,67 @@ class EffectGuard:
         commit or settle in flight is sent again to completion before the cancellation goes on.
         """
         try:
-            planned = plan(call, self.options)
-            if planned.approval_why is not None:
-                await approve(approver or self.approver, self._approval_request(call, planned))
+            attempt = Attempt(self._rules, call, annotation)
+            if attempt.approval is not None:
+                await approve(approver or self.approver, attempt.approval)
         except EffectRefused as refusal:
-            if self._observer is not None:
-                self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
+            self._refused(call, refusal)
             raise
-        if planned.tool_call_id is None:
-            with running_key(planned.idempotency_key):
-                return Execution(await invoke(), "unguarded", None, planned.idempotency_key)
-        if planned.tool_call_id == running_tool_call_id():  # inside the body of this very call
-            return Execution(await invoke(), "nested", planned.tool_call_id, current_idempotency_key())
-        request = self._begin_request(call, planned)
-        t0 = time.perf_counter() if self._observer is not None else 0.0
+        request = attempt.begin_request()
+        if request is None:
+            with attempt.running():
+                return attempt.without_record(await invoke())
         try:
             outcome = await self.store.abegin(request)
         except StoreError as exc:
-            if gives_back_after_failed_begin(exc):
+            release, refused = attempt.on_begin_failed(exc)
+            if release:
                 await _shielded(lambda: self._arelease_lost_begin(request))
-            raise self._begin_failed(call, planned, exc) from exc
+            raise refused from exc
         except BaseException:  # cancelled (or interrupted) while begin ran
             await _shielded(lambda: self._arelease_lost_begin(request))
             raise
-        step = self._step(call, planned, request, outcome, annotation, t0=t0)
-        if isinstance(step, Execution):
-            return cast(Execution[T], step)
+        replay = attempt.on_begun(outcome)
+        if replay is not None:
+            return replay
         if self._durable is not None:
-            await self._amake_durable(call, planned, step)
+            await self._amake_durable(attempt, request)
         try:
-            with running_key(planned.idempotency_key, planned.tool_call_id):
+            with attempt.running():
                 value = await invoke()
         except BaseException as error:
-            await self._asettle(step, settlement_for_error(error, self.ambiguity))
+            await self._afinish(attempt, attempt.on_raised(error))
             raise
-        settlement = settlement_for_return(value)
-        if settlement is not None:
-            await self._asettle(step, settlement)
-        else:
-            await self._acommit(step, value)
-        return Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, step.attempt)
+        await self._afinish(attempt, attempt.on_returned(value))
+        return attempt.executed(value)
 
-    async def _amake_durable(self, call: GuardedCall, planned: Plan, started: Started) -> None:
+    async def _amake_durable(self, attempt: Attempt, request: BeginRequest) -> None:
         assert self._durable is not None
         try:
-            await self._durable.aensure_durable(started.request)
+            await self._durable.aensure_durable(request)
         except StoreError as exc:
-            await self._asettle(started, _give_back(started))
-            raise self._begin_failed(call, planned, exc) from exc
+            await self._afinish(attempt, attempt.give_back())
+            raise attempt.on_begin_failed(exc)[1] from exc
 
-    async def _acommit(self, started: Started, value: Any) -> None:
-        request = started.request
-        data, mac = self._sealed(started, value)
-        t0 = time.perf_counter() if self._observer is not None else 0.0
+    async def _arelease_lost_begin(self, request: BeginRequest) -> None:
         try:
-            result: TransitionResult | StoreError = await _to_completion(
-                lambda: self.store.acommit(request, started.attempt, data, mac)
-            )
-        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
-            result = as_store_error(exc)
-        self._report.committed(started, result, t0)
+            await self.store.asettle(request, 1, Settlement.RELEASE)
+        except StoreError as exc:
+            self._report.unreleased(request, exc)
 
-    async def _asettle(self, started: Started, settlement: Settlement) -> None:
-        request = started.request
-        t0 = time.perf_counter() if self._observer is not None else 0.0
+    async def _afinish(self, attempt: Attempt, step: Commit | Settlement) -> None:
+        """:meth:`_finish`, sent again to completion if the caller is cancelled meanwhile."""
+        t_sent = time.perf_counter() if self._observer is not None else 0.0
         try:
-            result: TransitionResult | StoreError = await _to_completion(
-                lambda: self.store.asettle(request, started.attempt, settlement)
-            )
-        except Exception as exc:  # whatever the store raised: the tool ran, the caller gets its value
+            result: TransitionResult | StoreError = await _to_completion(lambda: self._awrite(attempt, step))
+        except Exception as exc:  # whatever the store raised
             result = as_store_error(exc)
-        self._report.settled(started, settlement, result, t0)
+        attempt.ended(step, result, t_sent)
 
 
 def as_store_error(error: Exception) -> StoreError:
     """A store failure as a StoreError (a third-party store may raise anything)."""
     return error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
-
-
-def _as_items(value: Any) -> list[Any]:
-    """The items a replayed stream yields: a stored list (or other collection) item by item, a
-    lone value as one item."""
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return list(value)
-    return [value]
-
-
-def _give_back(started: Started) -> Settlement:
-    """How an attempt leaves a record it took when its tool will NOT run: the record did not reach
-    enough replicas, or the caller was cancelled while ``begin`` ran.
-
-    A first attempt is released (owner-fenced): nothing took effect, so deleting it restores exactly
-    the state before the call. Releasing cannot cause a duplicate even if the record did reach a
-    replica: the delete follows it down the same replication stream, and if a failover promotes that
-    replica before the delete arrives, the new primary holds a pending record and retries are
-    refused (conservative), never run twice. Keeping it pending instead would refuse every retry of a
-    call that never ran, until an operator resolves it.
-    A reversible take-over (attempt > 1) is marked unknown instead: an earlier attempt may have run,
-    and that doubt must not be erased.
-    """
-    return Settlement.RELEASE if started.attempt <= 1 else Settlement.UNKNOWN
 
 
 async def _shielded(send: Callable[[], Awaitable[Any]]) -> None:

@@ -13,10 +13,12 @@ from .records import Settlement
 __all__ = [
     "DEFAULT_AMBIGUOUS_ERRORS",
     "AmbiguityRule",
+    "give_back",
     "gives_back_after_failed_begin",
     "is_deferred",
     "settlement_for_error",
     "settlement_for_return",
+    "stream_items",
 ]
 
 
@@ -63,3 +65,27 @@ def gives_back_after_failed_begin(error: StoreError) -> bool:
     connection), so the attempt gives back whatever it may hold. Not when the store answered that the
     record is corrupt: the begin changed nothing then."""
     return error.maybe_applied and not isinstance(error, CorruptRecordError)
+
+
+def give_back(attempt: int) -> Settlement:
+    """How an attempt leaves a record it took when its tool will NOT run: the record did not reach
+    enough replicas, or the caller was cancelled while ``begin`` ran.
+
+    A first attempt is released (owner-fenced): nothing took effect, so releasing it restores exactly
+    the state before the call. Releasing cannot cause a duplicate even if the record did reach a
+    replica: the release follows it down the same replication stream, and if a failover promotes that
+    replica before the release arrives, the new primary holds a pending record and retries are
+    refused (conservative), never run twice. Keeping it pending instead would refuse every retry of a
+    call that never ran, until an operator resolves it.
+    A reversible take-over (attempt > 1) is marked unknown instead: an earlier attempt may have run,
+    and that doubt must not be erased.
+    """
+    return Settlement.RELEASE if attempt <= 1 else Settlement.UNKNOWN
+
+
+def stream_items(value: Any) -> list[Any]:
+    """The items a replayed stream yields: a stored list (or other collection) item by item, a
+    lone value as one item."""
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    return [value]
