@@ -165,7 +165,7 @@ def test_an_escalation_asks_again_on_every_replay(env: Env) -> None:
     with with_id("c1"):
         first = charge(account="a", cents=5)
         assert charge(account="a", cents=5) == first
-        refused = blocked(charge(account="a", cents=5), "approval_denied")
+        refused = blocked(charge(account="a", cents=5), "escalation_denied")
     assert len(runs) == 1
     assert len(approvals.requests) == 3
     assert len({r.request_id for r in approvals.requests}) == 3
@@ -220,7 +220,8 @@ def test_an_async_tool_asks_the_escalation_again_on_every_replay(env: Env, appro
         assert request.args["idempotency_key"] == key
         assert request.args["tool_call_id"] == "c1"
         assert request.args["escalation_reason"] == "money moves"
-    assert blocked(refused, "approval_denied")["metadata"]["function"] == "charge"
+    assert blocked(refused, "escalation_denied")["metadata"]["function"] == "charge"
+    assert refused["metadata"]["escalation_rule"] == "charge"
     assert "try again" not in json.dumps(refused).lower()
     record = env.store.get("c1")
     assert record is not None and record.status is Status.COMMITTED and record.attempt == 1
@@ -245,8 +246,9 @@ def test_an_async_tool_denied_by_the_escalation_does_not_run(env: Env, approver_
         return denied, record, granted
 
     denied, record_after_denial, granted = asyncio.run(scenario())
-    refused = blocked(denied, "approval_denied")
-    assert "Do not retry" in refused["fix_hints"][0]
+    # The guard only relays the escalation: agent_airlock's reason and hints.
+    refused = blocked(denied, "escalation_denied")
+    assert any(hint.startswith("Do not retry") for hint in refused["fix_hints"])
     assert record_after_denial is None  # a denial refuses before any record is made
     assert granted == {"charged": 5, "run": 1} and len(runs) == 1
     assert len(approvals.requests) == 2
@@ -331,6 +333,28 @@ def test_a_denied_approval_leaves_no_record(env: Env) -> None:
         refused = blocked(charge(account="a", cents=5), "approval_denied")
     assert runs == [] and env.store.get("c1") is None
     assert "Do not retry" in refused["fix_hints"][0]
+
+
+@pytest.mark.parametrize("verdict", [OversightVerdict.DENY, OversightVerdict.TIMEOUT])
+def test_the_guards_own_approval_keeps_the_approvers_detail(env: Env, verdict: OversightVerdict) -> None:
+    """require_approval_for_irreversible is the guard's gate: its reason, with the approver's answer."""
+
+    def approver(request: OversightRequest) -> OversightResponse:
+        return OversightResponse(
+            request_id=request.request_id, verdict=verdict, detail="outside business hours", approver="bob"
+        )
+
+    policy = SecurityPolicy(approver=approver, effect_guard=env.guard(require_approval_for_irreversible=True))
+    runs: list[dict[str, Any]] = []
+    with with_id("c1"):
+        refused = blocked(charge_tool(policy, env, runs)(account="a", cents=5), "approval_denied")
+    # agent_airlock's words for an escalation's outcome
+    assert refused["metadata"]["approval_outcome"] == (
+        "denied" if verdict is OversightVerdict.DENY else "timeout"
+    )
+    assert refused["metadata"]["detail"] == "outside business hours"
+    assert refused["metadata"]["approver"] == "bob"
+    assert runs == [] and env.store.get("c1") is None
 
 
 # -- the id and the key ------------------------------------------------------------------------
