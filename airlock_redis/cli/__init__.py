@@ -1,15 +1,33 @@
 """``airlock-redis``: the command line. Each sub-command lives in a module of this package that
-defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``."""
+defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; its ``--help`` ends with its
+exit codes.
+
+What every command shares: a bad command line is one line on stderr and exit 2 (not argparse's usage
+block); Ctrl-C is exit 130; a reader that goes away (``airlock-redis demo | head -2``) ends the command
+quietly with exit 141, as a Unix tool killed by SIGPIPE would, after its clean-up has run."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 COMMANDS = ("demo", "bench", "doctor", "inspect", "list", "resolve", "audit")
+
+EXIT_USAGE = 2  # a bad command line (argparse's own code; common.EXIT_USAGE is the same)
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_READER_GONE = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad command line gets one line that says what is wrong and where help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _load(name: str) -> ModuleType | None:
@@ -22,9 +40,11 @@ def _load(name: str) -> ModuleType | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="airlock-redis",
         description="At-most-once tool calls for AI agents, shared through Redis.",
+        epilog="Each command's --help lists its exit codes. In every command a bad command line is "
+        "exit 2, an interrupt (Ctrl-C) 130, and a reader of its output that went away (| head) 141.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
@@ -37,14 +57,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _reader_gone() -> int:
+    """stdout's reader went away. Python flushes stdout once more at exit and would report that
+    flush's broken pipe on stderr: point stdout at /dev/null first."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass  # stdout is not a file (a test's capture): nothing to flush at exit
+    return EXIT_READER_GONE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         code: int = args._run(args)
+        sys.stdout.flush()  # a pipe is block-buffered: its broken end shows here, inside the try
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _reader_gone()
     return code
 
 

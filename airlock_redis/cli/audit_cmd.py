@@ -3,8 +3,8 @@
 Every ``resolve`` adds one entry to the namespace's capped audit stream (``<namespace>:audit``, the
 newest 10,000 entries or so are kept), so each operator on each machine sees the same trail.
 
-Exit codes: 0 shown (also when there is nothing yet); 5 Redis could not be reached or refused the
-command.
+Exit codes: 0 shown (also when there is nothing yet); 2 bad arguments (a URL the store does not
+take); 5 Redis could not be reached or refused the command.
 """
 
 from __future__ import annotations
@@ -15,24 +15,27 @@ import sys
 
 from ..core.errors import StoreError
 from ..operator import read_audit
-from .common import EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
+from ..redaction import redact
+from .common import EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store, positive_int
 
 HELP = "show the operators' verdicts on this namespace's records (the audit stream), newest first"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, embedded_default=False)
-    parser.add_argument("--limit", type=int, default=20, metavar="N", help="entries to show (default 20)")
+    parser.add_argument(
+        "--limit", type=positive_int, default=20, metavar="N", help="entries to show (default 20)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.epilog = "exit codes: 0 shown, 5 Redis error"
+    parser.epilog = "exit codes: 0 shown, 2 bad arguments, 5 Redis error"
 
 
 def run(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         try:
-            entries = read_audit(store.client, store.namespace, limit=max(1, args.limit))
+            entries = read_audit(store.client, store.namespace, limit=args.limit)
         except StoreError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {redact(str(exc))}", file=sys.stderr)
             return EXIT_STORE_ERROR
     if args.json:
         for entry in entries:

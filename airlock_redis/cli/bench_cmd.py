@@ -9,8 +9,13 @@ calls whose record lives in its slots, the records it holds and their memory (ME
 SAMPLES 0 on a sample of its keys). ``--cluster`` is kept so that old command lines still work: it
 changes nothing, and is refused (exit 2) only with a URL whose scheme names no Cluster.
 
+By default it runs 4 worker processes (or as many as the machine has CPUs, if that is fewer) of 8
+threads each for 6 seconds. ``--help`` shows every default. The progress bar and the table of figures
+are drawn (with rich) only on a terminal: stderr to a file or a pipe gets no progress, and stdout to a
+file or a pipe gets the figures as plain ``name  value`` lines.
+
 Exit codes: 0 ok; 1 a duplicate execution, or errors during the run; 2 bad arguments, a URL the
-store does not take, or a Redis that does not answer.
+store does not take, or a Redis that does not answer; 141 the reader of its output went away.
 """
 
 from __future__ import annotations
@@ -22,38 +27,106 @@ import sys
 from pathlib import Path
 
 from ..loadgen.plot import PlotUnavailable, write_plot
-from ..loadgen.progress import ProgressBar
+from ..loadgen.progress import print_summary, progress_for
 from ..loadgen.workers import BenchConfig, run_bench
 from ..redaction import redact
 from ..stores.url import CLUSTER_SCHEMES, parse_url
-from .common import add_target_arguments, check_given_url, embedded_or_given
+from .common import (
+    add_target_arguments,
+    check_given_url,
+    embedded_or_given,
+    non_negative_int,
+    positive_int,
+)
 
 HELP = "load-test the guard against a Redis (embedded by default) and report throughput and latency"
 
 
+MAX_DEFAULT_PROCESSES = 4
+DEFAULT_CONCURRENCY = 8
+DEFAULT_DURATION_S = 6.0
+DEFAULT_DUPLICATE_RATE = 0.1
+DEFAULT_VALUE_BYTES = 256
+DEFAULT_NAMESPACE = "airlock:bench"
+
+
+def default_processes() -> int:
+    """4, or the CPU count if smaller: more processes than cores measure the scheduler, not Redis."""
+    return min(MAX_DEFAULT_PROCESSES, os.cpu_count() or 1)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, embedded_default=True)
-    parser.set_defaults(namespace="airlock:bench")
+    parser.set_defaults(namespace=DEFAULT_NAMESPACE)
     parser.add_argument(
         "--cluster",
         action="store_true",
         help="kept for old command lines, changes nothing: the --url scheme decides the topology "
-        "(redis+cluster://h1:p1,h2:p2 is a Cluster)",
+        "(redis+cluster://h1:p1,h2:p2 is a Cluster) (default: off)",
     )
     parser.add_argument(
-        "--processes", type=int, default=min(4, os.cpu_count() or 1), help="worker processes (spawned)"
+        "--processes",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"worker processes, spawned (default: {MAX_DEFAULT_PROCESSES}, or the CPU count if smaller; "
+        f"{default_processes()} here)",
     )
-    parser.add_argument("--concurrency", type=int, default=8, help="concurrent calls (threads) per process")
+    parser.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=DEFAULT_CONCURRENCY,
+        metavar="N",
+        help="concurrent calls (threads) per process (default: %(default)s)",
+    )
     bound = parser.add_mutually_exclusive_group()
-    bound.add_argument("--duration", type=float, default=None, help="seconds to run (default 6)")
-    bound.add_argument("--calls", type=int, default=None, help="total guarded calls to make")
-    parser.add_argument(
-        "--duplicate-rate", type=float, default=0.1, help="share of calls that retry an earlier tool_call_id"
+    bound.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"seconds to run (default: {DEFAULT_DURATION_S:g}, unless --calls is given)",
     )
-    parser.add_argument("--value-bytes", type=int, default=256, help="size of the payload each tool returns")
-    parser.add_argument("--json", metavar="FILE", default=None, help="write every figure as JSON")
-    parser.add_argument("--plot", metavar="FILE.png", default=None, help="write latency and throughput plots")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    bound.add_argument(
+        "--calls",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="total guarded calls to make, instead of a duration (default: none, --duration bounds the run)",
+    )
+    parser.add_argument(
+        "--duplicate-rate",
+        type=float,
+        default=DEFAULT_DUPLICATE_RATE,
+        metavar="SHARE",
+        help="share of calls that retry an earlier tool_call_id, in [0, 1) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--value-bytes",
+        type=non_negative_int,
+        default=DEFAULT_VALUE_BYTES,
+        metavar="N",
+        help="size of the payload each tool returns (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--json", metavar="FILE", default=None, help="write every figure as JSON (default: no file)"
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="write latency and throughput plots; needs matplotlib (default: no plot)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="no progress bar, even on a terminal (default: off; stderr that is not a terminal "
+        "never gets one)",
+    )
+    parser.epilog = (
+        "exit codes: 0 ok, 1 a duplicate execution or errors during the run, 2 bad arguments, a URL "
+        "the store does not take or a Redis that does not answer, 141 the reader of its output went away"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,13 +147,14 @@ def run(args: argparse.Namespace) -> int:
     if problem is not None:
         print(f"airlock-redis bench: {problem}", file=sys.stderr)
         return 2
+    duration = args.duration if args.duration is not None else DEFAULT_DURATION_S
     try:
         config = BenchConfig(
             url="",
             cluster=cluster,
-            processes=args.processes,
+            processes=args.processes if args.processes is not None else default_processes(),
             concurrency=args.concurrency,
-            duration=None if args.calls is not None else (args.duration or 6.0),
+            duration=None if args.calls is not None else duration,
             calls=args.calls,
             duplicate_rate=args.duplicate_rate,
             value_bytes=args.value_bytes,
@@ -104,18 +178,18 @@ def run(args: argparse.Namespace) -> int:
             f"duplicate rate {config.duplicate_rate}, {config.value_bytes} B values",
             file=sys.stderr,
         )
-        bar = None if args.quiet else ProgressBar(sys.stderr)
+        bar = None if args.quiet else progress_for(sys.stderr)
         try:
             summary = run_bench(config, target.description, bar.update if bar else None)
-        except RuntimeError as exc:
             if bar:
-                bar.close()
+                bar.update(1.0, f"{summary.report.calls} calls  {summary.elapsed_s:.1f} s")
+        except RuntimeError as exc:
             print(f"airlock-redis bench: {exc}", file=sys.stderr)
             return 2
-        if bar:
-            bar.update(1.0, f"{summary.report.calls} calls  {summary.elapsed_s:.1f} s")
-            bar.close()
-    print(summary.table())
+        finally:
+            if bar:
+                bar.close()
+    print_summary(summary, sys.stdout)
     if args.json:
         Path(args.json).write_text(json.dumps(summary.to_json(), indent=2) + "\n", encoding="utf-8")
         print(f"figures written to {args.json}")

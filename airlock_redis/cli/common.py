@@ -11,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NoReturn
 
+from ..core.errors import InvalidToolCallId
+from ..core.ids import usable_tool_call_id
 from ..embedded import EmbeddedRedis, find_redis_server, free_port
 from ..redaction import redact
 from ..stores.keys import DEFAULT_NAMESPACE
@@ -27,22 +29,59 @@ def add_target_arguments(parser: argparse.ArgumentParser, *, embedded_default: b
     else:
         help_text = f"Redis to use (default: ${URL_ENV}, else {DEFAULT_URL})"
     parser.add_argument("--url", default=None, help=help_text)
-    parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="key prefix of the records")
+    parser.add_argument(
+        "--namespace", default=DEFAULT_NAMESPACE, help="key prefix of the records (default: %(default)s)"
+    )
 
 
 def operator_url(args: argparse.Namespace) -> str:
     return str(args.url or os.environ.get(URL_ENV) or DEFAULT_URL)
 
 
-# Exit codes of the operator commands (inspect, list, resolve).
+# Exit codes of the operator commands (inspect, list, resolve, audit): bad input is always 2 and a
+# missing record always 1, so that a script can tell them apart.
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1  # no such record
-EXIT_USAGE = 2  # bad arguments (argparse uses 2 as well)
+EXIT_USAGE = 2  # bad arguments, a URL the store does not take (argparse uses 2 as well)
 EXIT_REFUSED = 3  # resolve: the record's idempotency key is not --expect-key
 EXIT_NOT_CONFIRMED = 4  # resolve: the operator declined, or no --yes and no answer on stdin
 EXIT_STORE_ERROR = 5  # Redis unreachable, or it refused the command (ACL, auth)
 EXIT_AUDIT_FAILED = 6  # resolve: the audit log cannot be written, so nothing was done
 EXIT_CHANGED = 7  # resolve: the record changed after it was shown (e.g. the tool committed): nothing done
+
+
+def _whole_number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {least} or more, not {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """The argparse type of a count that must be 1 or more."""
+    return _whole_number(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """The argparse type of a count that may be 0."""
+    return _whole_number(text, 0)
+
+
+def tool_call_id_argument(text: str) -> str:
+    """The argparse type of a tool_call_id: one the guard could have recorded. An empty or blank id
+    names no call (the guard refuses such a call and records nothing), so asking for one is bad
+    input (exit 2), not a missing record (exit 1)."""
+    try:
+        usable = usable_tool_call_id(text)
+    except InvalidToolCallId as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if usable is None:
+        what = "empty" if text == "" else "blank"
+        raise argparse.ArgumentTypeError(f"the tool_call_id is {what}: such an id names no call")
+    return usable
 
 
 def _give_up(code: int, message: str) -> NoReturn:

@@ -6,12 +6,14 @@ executions in Redis (standing in for the payment backend), so the table shows wh
 ``--url`` takes every URL ``RedisEffectStore`` takes (``redis://``, ``rediss://``, ``unix://``,
 ``redis+cluster://`` with one seed node or several, ``rediss+cluster://``, ``redis+sentinel://``); the
 scheme decides the topology, and the side channel (the execution counters) gets its client through
-the same URL handling. Every key a run writes expires within ``DEMO_TTL`` even if the run is cut
-short, and the run removes them at its end; the counters of one run share one Cluster slot (a hash
-tag), so one DEL removes them.
+the same URL handling. Every key a run writes (the records, and the counters: each INCR and its
+EXPIRE run as one script) expires within ``DEMO_TTL`` even if the run is killed; the run removes its
+keys when it ends, also when it ends early (an error, Ctrl-C, a reader that went away as in
+``airlock-redis demo | head -2``). The counters of one run share one Cluster slot (a hash tag), so
+one DEL removes them. Each line is flushed as it is told, so a pipe shows the story as it happens.
 
 Exit codes: 0 the story went as the spec says; 1 it did not; 2 a URL the store does not take, or a
-Redis that does not answer.
+Redis that does not answer; 141 the reader of its output went away (the keys are removed first).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..core.errors import EffectRefused
 from ..stores.url import SyncClient, primary_clients, sync_client
@@ -37,6 +39,11 @@ TOOLS = ("charge", "read_balance")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, embedded_default=True)
+    parser.epilog = (
+        "exit codes: 0 the story went as the spec says, 1 it did not, 2 a bad command line, a URL the "
+        "store does not take or a Redis that does not answer, 141 the reader of its output went away "
+        f"(| head). Every key it writes expires within {DEMO_TTL:g} s, and it removes them when it ends."
+    )
 
 
 @dataclass(frozen=True)
@@ -79,6 +86,21 @@ def _backend(url: str) -> SyncClient:
     return sync_client(url, socket_timeout=10.0, socket_connect_timeout=10.0)
 
 
+# KEYS[1] - an execution counter; ARGV[1] - its TTL in seconds
+# returns the count: the INCR and its EXPIRE in one step, so no counter is ever left without a TTL
+_COUNT_SCRIPT = """
+local count = redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+return count
+"""
+
+
+def count_execution(backend: SyncClient, namespace: str, tool: str) -> int:
+    """One real execution of ``tool`` in this run, counted by the stand-in backend."""
+    count = backend.eval(_COUNT_SCRIPT, 1, counter_key(namespace, tool), int(DEMO_TTL))
+    return int(cast("int", count))
+
+
 def _count(backend: SyncClient, namespace: str, tool: str) -> int:
     value = backend.get(counter_key(namespace, tool))
     return int(value) if value is not None else 0
@@ -98,9 +120,7 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
     guard = EffectGuard(store=store)
 
     def backend_call(tool: str) -> str:
-        key = counter_key(namespace, tool)
-        backend.incr(key)
-        backend.expire(key, int(DEMO_TTL))
+        count_execution(backend, namespace, tool)
         if step.lose_response:
             raise TimeoutError("the backend's answer was lost")
         return current_idempotency_key() or ""
@@ -150,14 +170,51 @@ def _clean(url: str, namespace: str) -> dict[str, int]:
     return counts
 
 
+def _say(text: str = "") -> None:
+    print(text, flush=True)  # one line at a time, also into a pipe
+
+
 def _print_table(rows: list[list[str]]) -> None:
     headers = ["#", "replica", "tool_call_id", "call", "what happened", "tool ran", "ok"]
     widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) for i in range(len(headers))]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
-    print(line)
-    print("  ".join("-" * w for w in widths))
+    _say("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    _say("  ".join("-" * w for w in widths))
     for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        _say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def _tell(url: str, namespace: str) -> tuple[list[list[str]], int]:
+    """Run the scenario on two replica processes, telling each step: the table's rows, and how many
+    steps went other than the spec says."""
+    context = multiprocessing.get_context("spawn")
+    replicas = {name: ProcessPoolExecutor(max_workers=1, mp_context=context) for name in ("A", "B")}
+    rows: list[list[str]] = []
+    failures = 0
+    try:
+        for number, step in enumerate(_scenario(), start=1):
+            outcome = replicas[step.replica].submit(_replica_step, url, namespace, step).result()
+            ok = outcome["result"] == step.expect
+            failures += not ok
+            call = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.kwargs.items())})"
+            verdict = "yes" if ok else f"NO (expected {step.expect})"
+            rows.append(
+                [
+                    str(number),
+                    step.replica,
+                    step.tool_call_id,
+                    call,
+                    outcome["result"],
+                    str(outcome["ran"]),
+                    verdict,
+                ]
+            )
+            _say(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
+            if outcome["result"].startswith("refused"):
+                _say(f"   hint: {outcome['value']}")
+    finally:
+        for pool in replicas.values():
+            pool.shutdown()
+    return rows, failures
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,46 +223,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"airlock-redis demo: {problem}", file=sys.stderr)
         return 2
     namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
-    context = multiprocessing.get_context("spawn")
     with embedded_or_given(args.url) as target:
-        print(f"Redis: {target.description}")
-        print("Two replicas of an agent host (separate processes) share only this Redis.\n")
-        replicas = {name: ProcessPoolExecutor(max_workers=1, mp_context=context) for name in ("A", "B")}
-        rows: list[list[str]] = []
-        failures = 0
         try:
-            for number, step in enumerate(_scenario(), start=1):
-                outcome = replicas[step.replica].submit(_replica_step, target.url, namespace, step).result()
-                ok = outcome["result"] == step.expect
-                failures += not ok
-                call = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.kwargs.items())})"
-                verdict = "yes" if ok else f"NO (expected {step.expect})"
-                rows.append(
-                    [
-                        str(number),
-                        step.replica,
-                        step.tool_call_id,
-                        call,
-                        outcome["result"],
-                        str(outcome["ran"]),
-                        verdict,
-                    ]
-                )
-                print(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
-                if outcome["result"].startswith("refused"):
-                    print(f"   hint: {outcome['value']}")
-        finally:
-            for pool in replicas.values():
-                pool.shutdown()
-        print()
-        _print_table(rows)
-        counts = _clean(target.url, namespace)
-    print(
+            _say(f"Redis: {target.description}")
+            _say("Two replicas of an agent host (separate processes) share only this Redis.\n")
+            rows, failures = _tell(target.url, namespace)
+            _say()
+            _print_table(rows)
+        finally:  # also when the run ends early: its keys go now, not when their TTL runs out
+            counts = _clean(target.url, namespace)
+    _say(
         f"\nexecutions: charge {counts['charge']} (2 distinct calls), "
         f"read_balance {counts['read_balance']} (1 call, reversible, retried once)"
     )
     if failures or counts["charge"] != 2:
         print(f"DEMO FAILED: {failures} step(s) did not behave as the spec says", file=sys.stderr)
         return 1
-    print("every irreversible call ran at most once.")
+    _say("every irreversible call ran at most once.")
     return 0

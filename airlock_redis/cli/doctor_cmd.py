@@ -68,6 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
     parser.add_argument("--timeout", type=float, default=5.0, help="socket timeout in seconds (default 5)")
+    parser.epilog = (
+        "exit codes: 0 healthy, 1 warnings, 2 unsafe (also: Redis unreachable, a URL no store takes, "
+        "or a bad command line)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

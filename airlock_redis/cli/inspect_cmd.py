@@ -1,6 +1,7 @@
 """``airlock-redis inspect <tool_call_id>``: one record, as an operator needs to see it.
 
-Exit codes: 0 shown, 1 no such record, 5 Redis could not be reached or refused the command.
+Exit codes: 0 shown; 1 no such record; 2 bad arguments (an empty or blank tool_call_id, a URL the
+store does not take); 5 Redis could not be reached or refused the command.
 """
 
 from __future__ import annotations
@@ -12,23 +13,33 @@ import sys
 from ..core.errors import StoreError
 from ..operator import RecordView, format_duration, read_record
 from ..redaction import redact
-from .common import EXIT_NOT_FOUND, EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
+from .common import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_STORE_ERROR,
+    add_target_arguments,
+    non_negative_int,
+    open_store,
+    tool_call_id_argument,
+)
 
 HELP = "show one tool call's record: status, tool, idempotency key, attempt, ages, TTL, value preview"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("tool_call_id", help="the tool call id, as the host passed it")
+    parser.add_argument(
+        "tool_call_id", type=tool_call_id_argument, help="the tool call id, as the host passed it"
+    )
     add_target_arguments(parser, embedded_default=False)
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
     parser.add_argument(
         "--preview-chars",
-        type=int,
+        type=non_negative_int,
         default=200,
         metavar="N",
-        help="shorten the value preview to N characters",
+        help="shorten the value preview to N characters (default 200)",
     )
-    parser.epilog = "exit codes: 0 shown, 1 no such record, 5 Redis error"
+    parser.epilog = "exit codes: 0 shown, 1 no such record, 2 bad arguments, 5 Redis error"
 
 
 def render(view: RecordView, preview_chars: int) -> str:

@@ -4,20 +4,24 @@ On a Redis Cluster every primary is scanned. At most ``--limit`` records are pri
 ``--max-scan`` keys examined per run; when the keyspace was not covered, the output ends with the
 cursor to pass as ``--cursor`` for the next page.
 
-Exit codes: 0 listed (possibly nothing), 5 Redis could not be reached or refused the command.
+Exit codes: 0 listed (possibly nothing); 2 bad arguments (an --older-than without a unit, a --cursor
+that no list printed, a URL the store does not take); 5 Redis could not be reached or refused the
+command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from ..core.errors import StoreError
 from ..operator import ListFilter, format_duration, list_records, parse_duration
 from ..redaction import redact
-from .common import EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store
+from .common import EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, add_target_arguments, open_store, positive_int
 
+_CURSOR = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 HELP = "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than"
 
 
@@ -28,11 +32,11 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be a positive integer")
-    return value
+def _cursor(text: str) -> str:
+    """A cursor as a page prints it: ``<primary>:<SCAN cursor>:<records of that batch shown>``."""
+    if not _CURSOR.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"not a cursor from a previous list: {text!r}")
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,14 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="AGE",
         help="only records begun longer ago than AGE, with its unit: 90s, 10m, 2h, 1d (ms, s, m, h, d)",
     )
-    parser.add_argument("--limit", type=_positive, default=50, help="print at most N records (default 50)")
-    parser.add_argument("--cursor", default=None, help="continue from the cursor a previous page printed")
+    parser.add_argument("--limit", type=positive_int, default=50, help="print at most N records (default 50)")
     parser.add_argument(
-        "--scan-count", type=_positive, default=500, help="COUNT hint of each SCAN (default 500)"
+        "--cursor", type=_cursor, default=None, help="continue from the cursor a previous page printed"
+    )
+    parser.add_argument(
+        "--scan-count", type=positive_int, default=500, help="COUNT hint of each SCAN (default 500)"
     )
     parser.add_argument(
         "--max-scan",
-        type=_positive,
+        type=positive_int,
         default=100_000,
         help="examine at most about N keys per run (default 100000)",
     )
@@ -73,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
                 max_scanned=args.max_scan,
                 cursor=args.cursor,
             )
-        except (StoreError, ValueError) as exc:
+        except StoreError as exc:
             print(f"error: {redact(str(exc))}", file=sys.stderr)
             return EXIT_STORE_ERROR
+        except ValueError as exc:  # the arguments: a cursor no list printed
+            print(f"error: {redact(str(exc))}", file=sys.stderr)
+            return EXIT_USAGE
     records = page.records
     if args.json:
         out = {

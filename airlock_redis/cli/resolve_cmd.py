@@ -9,7 +9,8 @@ there. Each verdict is audited as one JSON entry: in the namespace's capped Redi
 audit`` shows it), on stderr, and in a JSON-lines file when ``--audit-log`` or
 ``$AIRLOCK_REDIS_AUDIT_LOG`` names one.
 
-Exit codes: 0 resolved; 1 no such record; 2 bad arguments; 3 refused, the record's idempotency key
+Exit codes: 0 resolved; 1 no such record; 2 bad arguments (an empty or blank tool_call_id, a --value
+that is not JSON, a URL the store does not take, ...); 3 refused, the record's idempotency key
 is not --expect-key; 4 not confirmed; 5 Redis error; 6 the audit file cannot be written (nothing
 done), or the audit stream refused the entry (the verdict was applied; the entry is on stderr);
 7 refused, the record changed after it was shown (nothing done).
@@ -52,6 +53,7 @@ from .common import (
     add_target_arguments,
     open_store,
     operator_url,
+    tool_call_id_argument,
 )
 from .inspect_cmd import render
 
@@ -61,7 +63,9 @@ _NO_VALUE: Any = object()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("tool_call_id", help="the tool call id, as the host passed it")
+    parser.add_argument(
+        "tool_call_id", type=tool_call_id_argument, help="the tool call id, as the host passed it"
+    )
     add_target_arguments(parser, embedded_default=False)
     verdict = parser.add_mutually_exclusive_group(required=True)
     verdict.add_argument(

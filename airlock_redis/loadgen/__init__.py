@@ -1,5 +1,6 @@
 """The load generator behind ``airlock-redis bench``: worker processes, their statistics, a
-mergeable latency histogram, a progress bar and an optional plot."""
+mergeable latency histogram, what a terminal shows (progress and the summary, drawn with rich) and
+an optional plot."""
 
 from __future__ import annotations
 

@@ -142,7 +142,8 @@ class BenchSummary:
             "verdict": "FAILURE: duplicate executions" if self.failed else "ok",
         }
 
-    def table(self) -> str:
+    def rows(self) -> list[tuple[str, str]]:
+        """The figures a person reads first, as (name, value) pairs, in the order of the report."""
         r = self.report
         lat = self.latency()
         refusals = ", ".join(f"{k} {v}" for k, v in sorted(r.refusals.items())) or "none"
@@ -184,5 +185,10 @@ class BenchSummary:
                     f"{load.calls} calls ({share}), {load.records} records, {per_record}",
                 )
             )
+        return rows
+
+    def table(self) -> str:
+        """:meth:`rows` as plain ``name  value`` lines, the names padded to one width."""
+        rows = self.rows()
         width = max(len(name) for name, _ in rows)
         return "\n".join(f"{name.ljust(width)}  {value}" for name, value in rows)
