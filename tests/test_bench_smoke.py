@@ -84,6 +84,9 @@ def test_bench_cli_runs_and_writes_every_figure(tmp_path: Path, capsys: pytest.C
     assert figures["executions"] == figures["executed"]
     assert figures["executions"] - figures["reversible_reruns"] <= figures["unique_calls"]
     assert figures["records"] > 0 and figures["memory_per_record_bytes"] > 0
+    # the scripts ran on the server: time inside commands and process CPU, per guarded call
+    assert figures["server_us_per_call"] > 0 and figures["server_cpu_us_per_call"] > 0
+    assert "Redis CPU per call" in printed.out
     for name in ("p50_us", "p95_us", "p99_us", "max_us"):
         assert figures["latency"][name] > 0
     assert figures["latency"]["p50_us"] <= figures["latency"]["p99_us"] <= figures["latency"]["max_us"]
@@ -209,3 +212,19 @@ def test_rival_stores_keep_the_replay_table_on_a_real_server(redis_server: Embed
         assert first == second == {"cents": 5}
         assert runs == [5], store_class.__name__
         client.close()
+
+
+def test_server_cpu_counts_the_calls_commands_and_not_the_bench_s_own() -> None:
+    from airlock_redis.loadgen.server_cpu import ServerCpu, command_us, per_call
+
+    stats = {
+        "cmdstat_evalsha": {"calls": 10, "usec": 300},
+        "cmdstat_script|load": {"calls": 1, "usec": 20},
+        "cmdstat_info": {"calls": 4, "usec": 400},
+        "cmdstat_scan": {"calls": 2, "usec": 50},
+        "cmdstat_memory|usage": {"calls": 9, "usec": 90},
+    }
+    assert command_us(stats) == 320
+    spent = ServerCpu(1320.0, 0.5) - ServerCpu(1000.0, 0.25)
+    assert per_call(spent, 10) == (32.0, 25000.0)
+    assert per_call(spent, 0) == (None, None)

@@ -67,6 +67,9 @@ class BenchSummary:
     memory_sampled_records: int
     records: int
     primaries: list[PrimaryLoad] = field(default_factory=list)  # a Cluster's primaries; else empty
+    # server CPU per guarded call: inside commands (INFO commandstats) and the whole process (INFO cpu)
+    server_us_per_call: float | None = None
+    server_cpu_us_per_call: float | None = None
 
     @property
     def calls_per_s(self) -> float:
@@ -136,6 +139,8 @@ class BenchSummary:
             "records": self.records,
             "memory_per_record_bytes": self.memory_per_record_bytes,
             "memory_sampled_records": self.memory_sampled_records,
+            "server_us_per_call": self.server_us_per_call,
+            "server_cpu_us_per_call": self.server_cpu_us_per_call,
             "primaries": [asdict(p) for p in self.primaries],
             "histogram": r.histogram.to_json(),
             "throughput": [[round(t, 3), rate] for t, rate in self.throughput()],
@@ -170,6 +175,7 @@ class BenchSummary:
             ("reversible re-runs (allowed)", str(self.reversible_reruns)),
             ("records in Redis", str(self.records)),
             ("Redis memory per record", memory),
+            ("Redis CPU per call", self._server_cpu()),
             ("errors", f"{sum(r.errors.values())} ({errors})"),
         ]
         for load in self.primaries:
@@ -186,6 +192,14 @@ class BenchSummary:
                 )
             )
         return rows
+
+    def _server_cpu(self) -> str:
+        if self.server_us_per_call is None or self.server_cpu_us_per_call is None:
+            return "n/a"
+        return (
+            f"{self.server_us_per_call:.1f} us in commands (INFO commandstats), "
+            f"{self.server_cpu_us_per_call:.1f} us process CPU (INFO cpu)"
+        )
 
     def table(self) -> str:
         """:meth:`rows` as plain ``name  value`` lines, the names padded to one width."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..redaction import redact
 from ..stores.url import CONNECT_ERRORS, parse_url, primary_clients, slot_primaries, sync_client
+from .server_cpu import ServerCpu, per_call, snapshot
 from .stats import TIMELINE_STEP, BenchSummary, PrimaryLoad, WorkerReport
 
 if TYPE_CHECKING:
@@ -275,6 +276,15 @@ def _unlink(node: Any, keys: list[Any]) -> None:
             pipe.execute()
 
 
+def _server_cpu(config: BenchConfig) -> ServerCpu:
+    """The primaries' CPU counters now (see :mod:`.server_cpu`)."""
+    client = sync_client(config.url, socket_timeout=30.0, socket_connect_timeout=10.0)
+    try:
+        return snapshot(node for _, node in primary_clients(client))
+    finally:
+        client.close()
+
+
 def _measure(config: BenchConfig, merged: WorkerReport) -> tuple[float | None, int, int, list[PrimaryLoad]]:
     """Memory per record and records over the whole deployment, and (on a Cluster) per primary; then
     remove the run's keys from every primary."""
@@ -322,6 +332,7 @@ def run_bench(  # noqa: PLR0915
     for proc in processes:
         proc.start()
     reports: list[WorkerReport] = []
+    cpu_before = _server_cpu(config)  # the workers wait at the barrier: none of their calls is counted
     try:
         with contextlib.suppress(Exception):  # a worker failed to start: its report says why
             barrier.wait(timeout=120)
@@ -359,6 +370,7 @@ def run_bench(  # noqa: PLR0915
         span = (max(merged.timeline) - min(merged.timeline) + 1) * TIMELINE_STEP
         elapsed = min(elapsed, span) if span > 0 else elapsed
     try:
+        server_us, server_cpu_us = per_call(_server_cpu(config) - cpu_before, merged.calls)
         memory, sampled, records, primaries = _measure(config, merged)
     except CONNECT_ERRORS as exc:
         raise RuntimeError(
@@ -377,4 +389,6 @@ def run_bench(  # noqa: PLR0915
         memory_sampled_records=sampled,
         records=records,
         primaries=primaries,
+        server_us_per_call=server_us,
+        server_cpu_us_per_call=server_cpu_us,
     )
