@@ -228,3 +228,29 @@ def test_server_cpu_counts_the_calls_commands_and_not_the_bench_s_own() -> None:
     spent = ServerCpu(1320.0, 0.5) - ServerCpu(1000.0, 0.25)
     assert per_call(spent, 10) == (32.0, 25000.0)
     assert per_call(spent, 0) == (None, None)
+
+
+def test_bench_sweep_runs_once_per_process_count(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--sweep: one full run per process count, each point with throughput, latency, server CPU and
+    memory per record; a table on stdout, every point in the JSON, a PNG against processes."""
+    require_redis_server()
+    out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    argv = ["bench", "--sweep", "1,2", "--concurrency", "2", "--calls", "120", "--value-bytes", "16"]
+    assert cli_main([*argv, "--json", str(out), "--plot", str(png)]) == 0
+    points = json.loads(out.read_text())["points"]
+    assert [p["processes"] for p in points] == [1, 2]
+    for point in points:
+        assert point["calls"] == 120 and point["duplicate_executions"] == 0
+        assert point["calls_per_s"] > 0 and 0 < point["p50_ms"] <= point["p99_ms"]
+        assert point["server_us_per_call"] > 0 and point["memory_per_record_bytes"] > 0
+    printed = capsys.readouterr()
+    assert "calls/s" in printed.out and "p99 ms" in printed.out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("sweep", ["1,x", "0,2", ","])
+def test_bench_sweep_refuses_what_is_not_a_list_of_process_counts(
+    sweep: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["bench", "--sweep", sweep, "--calls", "1"]) == 2
+    assert "--sweep takes" in capsys.readouterr().err

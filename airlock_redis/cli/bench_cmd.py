@@ -26,8 +26,9 @@ import os
 import sys
 from pathlib import Path
 
-from ..loadgen.plot import PlotUnavailable, write_plot
+from ..loadgen.plot import PlotUnavailable, write_plot, write_sweep_plot
 from ..loadgen.progress import print_summary, progress_for
+from ..loadgen.sweep import SweepPoint, parse_counts, sweep, sweep_table
 from ..loadgen.workers import BenchConfig, run_bench
 from ..redaction import redact
 from ..stores.url import CLUSTER_SCHEMES, parse_url
@@ -118,6 +119,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write latency and throughput plots; needs matplotlib (default: no plot)",
     )
     parser.add_argument(
+        "--sweep",
+        metavar="N,N,...",
+        default=None,
+        help="run once per process count (e.g. 1,2,4,8) and report throughput, p50/p99 latency and "
+        "Redis CPU per call for each, as a table (--json: every point; --plot: throughput and "
+        "latency against processes) (default: one run)",
+    )
+    parser.add_argument(
         "--quiet",
         action="store_true",
         help="no progress bar, even on a terminal (default: off; stderr that is not a terminal "
@@ -129,27 +138,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _checked_config(args: argparse.Namespace) -> BenchConfig | str:
+    """The run's configuration from the command line, or what is wrong with it."""
     try:
         cluster = bool(args.url) and parse_url(args.url).kind == "cluster"
     except ValueError as exc:
-        print(f"airlock-redis bench: {redact(str(exc))}", file=sys.stderr)
-        return 2
+        return redact(str(exc))
     if args.cluster and not cluster:
         schemes = " or ".join(f"{scheme}://" for scheme in CLUSTER_SCHEMES)
-        print(
-            f"airlock-redis bench: --cluster, but the URL names no Cluster: the scheme decides "
-            f"(use {schemes}host:port,...)",
-            file=sys.stderr,
-        )
-        return 2
+        return f"--cluster, but the URL names no Cluster: the scheme decides (use {schemes}host:port,...)"
     problem = check_given_url(args.url)
     if problem is not None:
-        print(f"airlock-redis bench: {problem}", file=sys.stderr)
-        return 2
+        return problem
     duration = args.duration if args.duration is not None else DEFAULT_DURATION_S
     try:
-        config = BenchConfig(
+        return BenchConfig(
             url="",
             cluster=cluster,
             processes=args.processes if args.processes is not None else default_processes(),
@@ -161,7 +164,13 @@ def run(args: argparse.Namespace) -> int:
             namespace=args.namespace,
         )
     except ValueError as exc:
-        print(f"airlock-redis bench: {exc}", file=sys.stderr)
+        return str(exc)
+
+
+def run(args: argparse.Namespace) -> int:
+    config = _checked_config(args)
+    if isinstance(config, str):
+        print(f"airlock-redis bench: {config}", file=sys.stderr)
         return 2
     if args.plot:
         try:
@@ -169,6 +178,13 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("--plot needs matplotlib: pip install 'airlock-redis[plot]'", file=sys.stderr)
             return 2
+    try:
+        counts = parse_counts(args.sweep) if args.sweep is not None else None
+    except ValueError as exc:
+        print(f"airlock-redis bench: {exc}", file=sys.stderr)
+        return 2
+    if counts is not None:
+        return _run_sweep(args, config, counts)
     with embedded_or_given(args.url) as target:
         config = BenchConfig(**{**config.__dict__, "url": target.url})
         bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
@@ -208,5 +224,48 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if summary.report.errors:
         print("the run finished with errors (see the table)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_sweep(args: argparse.Namespace, config: BenchConfig, counts: list[int]) -> int:
+    """``--sweep``: one run per process count, each point printed as it is measured."""
+    with embedded_or_given(args.url) as target:
+        config = BenchConfig(**{**config.__dict__, "url": target.url})
+        bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
+        print(
+            f"Redis: {target.description}\nsweep over {', '.join(map(str, counts))} processes x "
+            f"{config.concurrency} threads, {bound} each, {config.value_bytes} B values",
+            file=sys.stderr,
+        )
+
+        def measured(point: SweepPoint) -> None:
+            print(f"  {point.processes} processes: {point.calls_per_s:,.0f} calls/s", file=sys.stderr)
+
+        try:
+            points = sweep(config, counts, target.description, measured)
+        except RuntimeError as exc:
+            print(f"airlock-redis bench: {exc}", file=sys.stderr)
+            return 2
+    print(sweep_table(points))
+    if args.json:
+        figures = {"target": redact(target.description), "points": [p.to_json() for p in points]}
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
+        print(f"figures written to {args.json}")
+    if args.plot:
+        title = (
+            f"airlock-redis bench: {config.concurrency} threads per process, {config.value_bytes} B values"
+        )
+        try:
+            write_sweep_plot(points, title, args.plot)
+        except PlotUnavailable as exc:
+            print(str(exc), file=sys.stderr)
+            return 2
+        print(f"plot written to {args.plot}")
+    duplicates = sum(p.duplicate_executions for p in points)
+    if duplicates:
+        print(
+            f"FAILURE: {duplicates} duplicate execution(s) of calls that may run only once", file=sys.stderr
+        )
         return 1
     return 0

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .stats import BenchSummary
+
+if TYPE_CHECKING:
+    from .sweep import SweepPoint
 
 
 class PlotUnavailable(RuntimeError):
     """matplotlib is not installed."""
 
 
-def write_plot(summary: BenchSummary, path: str | Path) -> None:
+def _pyplot() -> Any:
     try:
         import matplotlib
 
@@ -19,7 +24,11 @@ def write_plot(summary: BenchSummary, path: str | Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotUnavailable("--plot needs matplotlib: pip install 'airlock-redis[plot]'") from None
+    return plt
 
+
+def write_plot(summary: BenchSummary, path: str | Path) -> None:
+    plt = _pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     buckets = list(summary.report.histogram.buckets())
     if buckets:
@@ -49,6 +58,31 @@ def write_plot(summary: BenchSummary, path: str | Path) -> None:
         f"airlock-redis bench: {config['processes']} processes x {config['concurrency']} threads, "
         f"duplicate rate {config['duplicate_rate']}, {config['value_bytes']} B values"
     )
+    figure.tight_layout()
+    figure.savefig(str(path), dpi=100)
+    plt.close(figure)
+
+
+def write_sweep_plot(points: Sequence[SweepPoint], title: str, path: str | Path) -> None:
+    """Throughput and p50/p99 latency against the number of processes."""
+    plt = _pyplot()
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    counts = [p.processes for p in points]
+    left.plot(counts, [p.calls_per_s for p in points], marker="o", color="tab:green")
+    left.set_title("throughput")
+    left.set_xlabel("worker processes")
+    left.set_ylabel("guarded calls/s")
+    left.set_ylim(bottom=0)
+    right.plot(counts, [p.p50_ms for p in points], marker="o", label="p50", color="tab:blue")
+    right.plot(counts, [p.p99_ms for p in points], marker="o", label="p99", color="tab:red")
+    right.set_title("latency of a guarded call")
+    right.set_xlabel("worker processes")
+    right.set_ylabel("ms")
+    right.set_ylim(bottom=0)
+    right.legend()
+    for axis in (left, right):
+        axis.set_xticks(counts)
+    figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(str(path), dpi=100)
     plt.close(figure)
