@@ -12,8 +12,14 @@ keys when it ends, also when it ends early (an error, Ctrl-C, a reader that went
 ``airlock-redis demo | head -2``). The counters of one run share one Cluster slot (a hash tag), so
 one DEL removes them. Each line is flushed as it is told, so a pipe shows the story as it happens.
 
-Exit codes: 0 the story went as the spec says; 1 it did not; 2 a URL the store does not take, or a
-Redis that does not answer; 141 the reader of its output went away (the keys are removed first).
+``--framework langchain`` / ``--framework openai-agents`` tells a shorter story with a real agent of
+that framework instead, in this one process: a scripted model (no network, no API key) asks for the
+tool calls, and the integration (``EffectGuardMiddleware`` / ``guard_tools``) guards them. The
+framework is imported only then; without it the command says which extra to install (exit 2).
+
+Exit codes: 0 the story went as the spec says; 1 it did not; 2 a URL the store does not take, a
+Redis that does not answer, or a --framework that is not installed; 141 the reader of its output
+went away (the keys are removed first).
 """
 
 from __future__ import annotations
@@ -22,27 +28,44 @@ import argparse
 import multiprocessing
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..core.errors import EffectRefused
+from ..core.reversibility import reversibility
 from ..stores.url import SyncClient, primary_clients, sync_client
 from .common import add_target_arguments, check_given_url, embedded_or_given
+
+if TYPE_CHECKING:
+    pass
 
 HELP = "narrate the lost-response story end to end against a Redis (embedded by default)"
 
 DEMO_TTL = 3600.0  # seconds: every key of a run (records and counters) expires within this
 TOOLS = ("charge", "read_balance")
+# --framework -> (the integration module under airlock_redis.integrations, its extra, its name)
+FRAMEWORKS: dict[str, tuple[str, str, str]] = {
+    "langchain": ("langchain", "langchain", "LangChain"),
+    "openai-agents": ("openai_agents", "openai-agents", "the OpenAI Agents SDK"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, embedded_default=True)
+    parser.add_argument(
+        "--framework",
+        choices=sorted(FRAMEWORKS),
+        default=None,
+        help="tell the story with a real agent of this framework (a scripted model: no network, no API "
+        "key), guarded by its integration; needs the framework's extra",
+    )
     parser.epilog = (
         "exit codes: 0 the story went as the spec says, 1 it did not, 2 a bad command line, a URL the "
-        "store does not take or a Redis that does not answer, 141 the reader of its output went away "
-        f"(| head). Every key it writes expires within {DEMO_TTL:g} s, and it removes them when it ends."
+        "store does not take, a Redis that does not answer or a --framework that is not installed, 141 "
+        "the reader of its output went away (| head). Every key it writes expires within "
+        f"{DEMO_TTL:g} s, and it removes them when it ends."
     )
 
 
@@ -109,7 +132,6 @@ def _count(backend: SyncClient, namespace: str, tool: str) -> int:
 def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
     """Runs inside a replica process: build the guard and tools there, make one call."""
     from ..context import current_idempotency_key, tool_call_context
-    from ..core.reversibility import reversibility
     from ..guard import EffectGuard
     from ..stores.redis_store import RedisEffectStore
 
@@ -156,12 +178,12 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
     return outcome
 
 
-def _clean(url: str, namespace: str) -> dict[str, int]:
-    """The run's execution counts; then its keys are removed from every primary."""
+def _clean(url: str, namespace: str, tools: Sequence[str] = TOOLS) -> dict[str, int]:
+    """The run's execution counts of ``tools``; then its keys are removed from every primary."""
     backend = _backend(url)
     try:
-        counts = {tool: _count(backend, namespace, tool) for tool in TOOLS}
-        backend.delete(*(counter_key(namespace, tool) for tool in TOOLS))  # one slot: one DEL
+        counts = {tool: _count(backend, namespace, tool) for tool in tools}
+        backend.delete(*(counter_key(namespace, tool) for tool in tools))  # one slot: one DEL
         for _, node in primary_clients(backend):  # the records live in many slots, on every primary
             for key in node.scan_iter(match=f"{namespace}:*", count=1000):
                 node.unlink(key)
@@ -218,6 +240,10 @@ def _tell(url: str, namespace: str) -> tuple[list[list[str]], int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.framework is not None:
+        from .demo_frameworks import run_framework  # the frameworks are imported only when asked for
+
+        return run_framework(args)
     problem = check_given_url(args.url)
     if problem is not None:
         print(f"airlock-redis demo: {problem}", file=sys.stderr)
