@@ -15,7 +15,7 @@ from secrets import token_hex
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from .approval import ApprovalRequest
-from .context import current_idempotency_key, running_key, running_tool_call_id
+from .context import current_idempotency_key, running_key, running_may_run_again, running_tool_call_id
 from .core import refusals
 from .core.ambiguity import AmbiguityRule
 from .core.codec import decode_result, encode_result, revalidate
@@ -120,7 +120,13 @@ class Attempt:
         """The record to begin, or None when the call runs without one: it has no id (and needs
         none), or it is made inside the body of this very tool_call_id (the record there covers it)."""
         tool_call_id = self.plan.tool_call_id
-        if tool_call_id is None or tool_call_id == running_tool_call_id():
+        if tool_call_id is None:
+            return None
+        if tool_call_id == running_tool_call_id():
+            # covered by the record of the call whose body this is, which runs at most once unless
+            # its tool may run again: then a tool that may not would run again with it
+            if running_may_run_again() and not self.call.reversibility.may_run_again:
+                raise refusals.nested_in_reversible(self.call.tool, tool_call_id)
             return None
         key = self.plan.idempotency_key
         assert key is not None
@@ -139,9 +145,11 @@ class Attempt:
         """The context the tool body runs in: its idempotency key and tool_call_id (a nested call
         keeps the key of the call whose body it is part of)."""
         planned = self.plan
-        if self.request is None and planned.tool_call_id is not None:  # nested
-            return running_key(current_idempotency_key(), planned.tool_call_id)
-        return running_key(planned.idempotency_key, planned.tool_call_id)
+        if self.request is None and planned.tool_call_id is not None:  # nested: the outer call's context
+            return running_key(current_idempotency_key(), planned.tool_call_id, running_may_run_again())
+        return running_key(
+            planned.idempotency_key, planned.tool_call_id, self.call.reversibility.may_run_again
+        )
 
     def without_record(self, value: T) -> Execution[T]:
         """What a call that ran without a record of its own produced."""

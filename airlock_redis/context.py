@@ -24,9 +24,10 @@ class CallContext:
 _host_context: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
     "airlock_redis_call_context", default=None
 )
-# (idempotency key, tool_call_id) of the guarded call whose body runs now
-_running: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(
-    "airlock_redis_running_call", default=(None, None)
+# (idempotency key, tool_call_id, whether that call's tool may run again) of the guarded call whose
+# body runs now
+_running: contextvars.ContextVar[tuple[str | None, str | None, bool]] = contextvars.ContextVar(
+    "airlock_redis_running_call", default=(None, None, False)
 )
 
 
@@ -66,13 +67,19 @@ def running_tool_call_id() -> str | None:
     return _running.get()[1]
 
 
+def running_may_run_again() -> bool:
+    """Whether the tool of the guarded call whose body runs now may run again (reversible)."""
+    return _running.get()[2]
+
+
 class running_key:
-    """Expose ``key`` (and the call's ``tool_call_id``) as the running call's inside the block."""
+    """Expose ``key`` (with the call's ``tool_call_id``, and whether its tool may run again) as the
+    running call's inside the block."""
 
     __slots__ = ("_running", "_token")
 
-    def __init__(self, key: str | None, tool_call_id: str | None = None) -> None:
-        self._running = (key, tool_call_id)
+    def __init__(self, key: str | None, tool_call_id: str | None = None, may_run_again: bool = False) -> None:
+        self._running = (key, tool_call_id, may_run_again)
 
     def __enter__(self) -> None:
         self._token = _running.set(self._running)

@@ -30,9 +30,11 @@ from .core.errors import ResultDecodingError, StoreError
 from .core.records import RELEASED, Status
 from .redaction import redact
 from .stores.keys import record_key, record_pattern, slot_tag
+from .stores.layout import OLD_LAYOUT, LayoutError, fields_end, parse
 
 AUDIT_LOG_ENV = "AIRLOCK_REDIS_AUDIT_LOG"
-_FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
+_HASH_FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
+_HEAD_BYTES = 512  # a listing reads this much of each record (more only when its fields are longer)
 _STATUSES = {s.value for s in Status}
 _KEY_RE = re.compile(r"^(?P<ns>.*):\{(?P<tag>[0-9a-f]{16})\}:(?P<id>.*)$", re.DOTALL)
 
@@ -142,27 +144,18 @@ def _jsonable(value: Any) -> Any:
 
 
 def view_from_fields(tool_call_id: str, fields: Mapping[Any, Any], pttl: int | None) -> RecordView:
-    """Build a view from a hash's fields (HGETALL or HMGET zipped with names)."""
+    """Build a view from the fields of a hash: a record in the layout of an earlier release, which the
+    guard refuses as corrupt (an operator resolves it, or lets it expire)."""
     data = {_text(k) or "": v for k, v in fields.items()}
-    problems: list[str] = []
+    problems: list[str] = [OLD_LAYOUT]
     status = _text(data.get("status"))
-    if status is None:
-        problems.append("no status field")
-    elif status not in _STATUSES:
+    if status is not None and status not in _STATUSES:
         problems.append(f"unknown status {status!r}")
-    for name in ("key", "tool", "owner", "attempt"):
-        if data.get(name) in (None, b""):
-            problems.append(f"no {name} field")
     stored = _text(data.get("stored")) == "1"
     raw_value = data.get("value")
     value = raw_value if isinstance(raw_value, bytes) and stored else None
     value_len = data.get("value_len")
     value_bytes = _int(value_len) if value_len is not None else (len(value) if value is not None else None)
-    if status == Status.COMMITTED.value and stored and value is not None:
-        try:
-            decode_result(value)
-        except ResultDecodingError as exc:
-            problems.append(f"value does not decode ({exc})")
     return RecordView(
         tool_call_id=tool_call_id,
         status=status,
@@ -181,23 +174,114 @@ def view_from_fields(tool_call_id: str, fields: Mapping[Any, Any], pttl: int | N
     )
 
 
+def view_from_string(
+    tool_call_id: str, data: bytes, pttl: int | None, *, total: int | None = None
+) -> RecordView | None:
+    """Build a view from a record's string (see stores.layout). ``total`` is the string's length when
+    ``data`` stops where the value starts (a listing reads no value). None for a tombstone."""
+    ttl_ms = pttl if pttl is not None and pttl >= 0 else None
+    try:
+        record = parse(data)
+    except LayoutError as exc:
+        return _damaged(tool_call_id, ttl_ms, str(exc))
+    if record.is_tombstone:
+        return None
+    problems: list[str] = []
+    for name, raw in (("key", record.key), ("tool", record.tool), ("owner", record.owner)):
+        if not raw:
+            problems.append(f"no {name}")
+    value = record.value if record.stored and total is None else None
+    value_bytes = None
+    if record.stored:
+        value_bytes = len(record.value) if total is None else max(0, total - record.value_at)
+    if record.status == Status.COMMITTED.value and value is not None:
+        try:
+            decode_result(value)
+        except ResultDecodingError as exc:
+            problems.append(f"value does not decode ({exc})")
+    return RecordView(
+        tool_call_id=tool_call_id,
+        status=record.status,
+        tool=record.tool_text,
+        idempotency_key=record.key_text,
+        owner=record.owner_text,
+        attempt=record.attempt,
+        begun_ms=record.begun_ms,
+        committed_ms=record.committed_ms,
+        ttl_ms=ttl_ms,
+        stored=record.stored,
+        has_mac=bool(record.mac),
+        value_bytes=value_bytes,
+        value=value,
+        problems=tuple(problems),
+    )
+
+
+def _damaged(tool_call_id: str, ttl_ms: int | None, problem: str) -> RecordView:
+    """A key that holds no record: nothing but the problem to show."""
+    return RecordView(
+        tool_call_id=tool_call_id,
+        status=None,
+        tool=None,
+        idempotency_key=None,
+        owner=None,
+        attempt=None,
+        begun_ms=None,
+        committed_ms=None,
+        ttl_ms=ttl_ms,
+        stored=False,
+        has_mac=False,
+        value_bytes=None,
+        problems=(problem,),
+    )
+
+
+def _is_wrongtype(reply: Any) -> bool:
+    return isinstance(reply, Exception) and "WRONGTYPE" in str(reply)
+
+
+def _not_a_string(node: Any, tool_call_id: str, key: Any, pttl: int | None) -> RecordView | None:
+    """The view of a key that holds no string: a hash (an earlier release's record), or another type."""
+    pipe = node.pipeline(transaction=False)
+    pipe.type(key)
+    pipe.hmget(key, *_HASH_FIELDS)
+    pipe.hstrlen(key, "value")
+    kind, values, value_len = pipe.execute(raise_on_error=False)
+    kind = _text(kind)
+    if kind == "hash" and isinstance(values, list):
+        if all(v is None for v in values) or _is_tombstone(values[0]):
+            return None  # emptied since, or an earlier release's tombstone: no record
+        fields: dict[str, Any] = dict(zip(_HASH_FIELDS, values, strict=True))
+        fields["value_len"] = value_len
+        return view_from_fields(tool_call_id, fields, pttl)
+    if kind == "none":
+        return None
+    return _damaged(tool_call_id, pttl, f"the key holds a {kind}, not a record")
+
+
 def read_record(client: Any, namespace: str, tool_call_id: str) -> RecordView | None:
     """One record, read raw (works on any content). None when there is no such key."""
     key = record_key(namespace, tool_call_id)
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.hgetall(key)
+        pipe.get(key)
         pipe.pttl(key)
-        fields, pttl = pipe.execute()
+        data, pttl = pipe.execute(raise_on_error=False)
+        if isinstance(pttl, Exception):
+            raise pttl
+        if _is_wrongtype(data):
+            return _not_a_string(client, tool_call_id, key, int(pttl))
+        if isinstance(data, Exception):
+            raise data
     except Exception as exc:
         raise StoreError(redact(f"Redis did not answer: {type(exc).__name__}: {exc}")) from exc
-    if not fields or _is_tombstone(fields.get(b"status", fields.get("status"))):
+    if data is None:
         return None
-    return view_from_fields(tool_call_id, fields, int(pttl))
+    return view_from_string(tool_call_id, data, int(pttl))
 
 
 def _is_tombstone(status: Any) -> bool:
-    """A released record's tombstone (see core.records.RELEASED): no record to an operator."""
+    """A released record's tombstone of an earlier release (see core.records.RELEASED): no record."""
     return _text(status) == RELEASED
 
 
@@ -297,7 +381,7 @@ def list_records(
 
 
 def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[RecordView]:
-    """HMGET the small fields (never the value) of each key, one pipelined round trip."""
+    """The head of each record (never its value), one pipelined round trip for most keys."""
     parsed: list[tuple[Any, str]] = []
     for key in keys:
         text = _text(key) or ""
@@ -312,17 +396,37 @@ def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[Reco
         return
     pipe = node.pipeline(transaction=False)
     for key, _ in parsed:
-        pipe.hmget(key, *_FIELDS)
-        pipe.hstrlen(key, "value")
+        pipe.getrange(key, 0, _HEAD_BYTES - 1)
+        pipe.strlen(key)
         pipe.pttl(key)
-    replies = pipe.execute()
-    for i, (_, tool_call_id) in enumerate(parsed):
-        values, value_len, pttl = replies[3 * i : 3 * i + 3]
-        if all(v is None for v in values) or _is_tombstone(values[0]):
-            continue  # expired or deleted since the SCAN, or a released record's tombstone
-        fields: dict[str, Any] = dict(zip(_FIELDS, values, strict=True))
-        fields["value_len"] = value_len
-        yield view_from_fields(tool_call_id, fields, int(pttl))
+    replies = pipe.execute(raise_on_error=False)
+    for i, (key, tool_call_id) in enumerate(parsed):
+        head, total, pttl = replies[3 * i : 3 * i + 3]
+        if isinstance(pttl, Exception):
+            raise pttl
+        if _is_wrongtype(head):
+            view = _not_a_string(node, tool_call_id, key, int(pttl))
+        elif isinstance(head, Exception):
+            raise head
+        elif int(pttl) == -2:
+            continue  # expired or deleted since the SCAN
+        else:
+            view = view_from_string(tool_call_id, _head(node, key, head), int(pttl), total=int(total))
+        if view is not None:  # None: a released record's tombstone
+            yield view
+
+
+def _head(node: Any, key: Any, head: bytes) -> bytes:
+    """The header and fields of a record whose first bytes are ``head`` (read again, once, when its
+    fields run past them: a long tool name, many released tokens)."""
+    try:
+        end = fields_end(head)
+    except LayoutError:
+        return head  # not a record: parsing it again says why
+    if end <= len(head):
+        return head[:end]
+    longer: bytes | None = node.getrange(key, 0, end - 1)
+    return longer or head
 
 
 # -- the audit trail -------------------------------------------------------------------------------

@@ -1,43 +1,82 @@
 -- resolve: an operator's verdict on a call, after asking the backend about its idempotency key, applied
 -- only to the record the operator was shown.
 -- KEYS[1]  the call's record
--- ARGV[1]  "committed", "unknown" or "release"    ARGV[2]  expected idempotency key ("" to skip the check)
--- ARGV[3]  the verdict's owner token (fences off any attempt still running; the same on a re-send)
+-- ARGV[1]  "committed", "unknown" or "release"    ARGV[2]  expected idempotency key, packed ("" to skip)
+-- ARGV[3]  the verdict's owner token, packed (fences off any attempt still running; the same on a re-send)
 -- ARGV[4]  "1" when a value is given             ARGV[5]  value bytes    ARGV[6]  mac bytes
 -- ARGV[7]  TTL ms for the new status (release: the tombstone's)         ARGV[8]  now, ms since the epoch
--- ARGV[9]  expected status ("" to skip)           ARGV[10] expected owner token ("" to skip)
+-- ARGV[9]  expected status ("" to skip)           ARGV[10] expected owner token, packed ("" to skip)
 -- Returns "ok" (done, or this verdict was already applied: a re-send), "missing" (no record),
 --         "mismatch" (the record's key is not the expected one), "changed" (the record's status or
 --         owner is not the one shown: it moved on, e.g. the tool committed, and nothing is changed).
--- A hash that lost its status field (damaged) is still a record here, so an operator can resolve it.
+-- A damaged record is still a record here, so that an operator can resolve it: a string that does not
+-- parse (its status, key and owner unknown: only a verdict without those checks applies), or a hash, a
+-- record of an earlier release, read field by field and written again in this layout.
 local record = KEYS[1]
 local verdict, expect_key, operator = ARGV[1], ARGV[2], ARGV[3]
 local expect_status, expect_owner = ARGV[9], ARGV[10]
 local ttl = ttl_arg(ARGV[7])
+local now = digits_arg(ARGV[8], 15)
 
-local f = redis.call('HMGET', record, 'status', 'key', 'owner', released_field(operator))
-local status, rkey, owner = f[1], f[2], f[3]
-if owner == operator or f[4] then
-  return 'ok'  -- this verdict, sent again: it was applied (a release, even if a retry began since)
+-- The record of an earlier release (a hash), in this layout; nil for its tombstone.
+local function from_hash()
+  local f = redis.call('HMGET', record, 'status', 'key', 'tool', 'owner', 'attempt', 'begun', 'committed',
+    'stored', 'value', 'mac')
+  if f[1] == RELEASED then
+    return nil
+  end
+  local function number(raw, most)
+    if raw and #raw <= most and string.find(raw, '^%d+$') then
+      return raw
+    end
+    return ''
+  end
+  local r = fresh(nil, f[2] and pack_id(f[2], 64), f[3] or '', f[4] and pack_id(f[4], 32),
+    number(f[5], 9), '')
+  r.status = CODE_OF[f[1] or ''] and f[1] or nil
+  r.begun, r.committed, r.stored = number(f[6], 15), number(f[7], 15), f[8] == '1' and '1' or '0'
+  r.value, r.mac = f[9] or '', f[10] or ''
+  return r
 end
-if status == RELEASED or (not status and redis.call('EXISTS', record) == 0) then
+
+local raw = redis.pcall('GET', record)
+if not raw then
   return 'missing'
 end
-if expect_key ~= '' and rkey ~= expect_key then
+local r
+if type(raw) == 'table' then
+  if not string.find(tostring(raw.err), 'WRONGTYPE', 1, true) or kind_of(record) ~= 'hash' then
+    return raw  -- an ACL refusal, or a key of another type: an error, and nothing is changed
+  end
+  r = from_hash()
+  if not r then
+    return 'missing'
+  end
+else
+  r = parse(raw) or fresh(nil, nil, '', nil, '', '')  -- a string that does not parse: all unknown
+end
+if r.owner == operator or released_by(r.released, operator) then
+  return 'ok'  -- this verdict, sent again: it was applied (a release, even if a retry began since)
+end
+if r.status == RELEASED then
+  return 'missing'
+end
+if expect_key ~= '' and r.key ~= expect_key then
   return 'mismatch'
 end
-if (expect_status ~= '' and status ~= expect_status) or (expect_owner ~= '' and owner ~= expect_owner) then
+if (expect_status ~= '' and r.status ~= expect_status) or (expect_owner ~= '' and r.owner ~= expect_owner) then
   return 'changed'
 end
 if verdict == 'release' then
-  bury(record, operator, ttl)
+  bury(record, r.released, operator, ttl)
   return 'ok'
 end
+r.owner, r.key, r.attempt = operator, r.key or '', r.attempt ~= '' and r.attempt or 0
 if verdict == 'committed' then
-  redis.call('HSET', record, 'status', 'committed', 'owner', operator, 'stored', ARGV[4], 'value', ARGV[5],
-    'mac', ARGV[6], 'committed', ARGV[8])
+  r.status, r.stored, r.value, r.mac, r.committed = 'committed', ARGV[4] == '1' and '1' or '0', ARGV[5],
+    ARGV[6], now
 else
-  redis.call('HSET', record, 'status', 'unknown', 'owner', operator)
+  r.status = 'unknown'
 end
-redis.call('PEXPIRE', record, ttl)
+write(record, r, ttl)
 return 'ok'

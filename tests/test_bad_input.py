@@ -1,6 +1,8 @@
-"""Bad input that the codec, id and outcome tests leave out: records damaged in Redis (not a hash,
-no status, an unknown status, missing fields, a missing value) and a result over the default size
-limit. Each is refused with a clear error; the tool never runs and the record is left for an operator.
+"""Bad input that the codec, id and outcome tests leave out: records damaged in Redis (not a string,
+a hash in an earlier release's layout, a header that does not parse, an unknown status, fields cut
+short, a malformed attempt or list of released tokens, a value cut off) and a result over the
+default size limit. Each is refused with a clear error; the tool never runs and the record is left for
+an operator.
 
 (Bad tool_call_ids, arguments without a canonical form, unstorable results and damaged value bytes
 are covered in test_context_and_ids.py, test_options.py, test_canonical.py and test_codec.py.)
@@ -25,6 +27,7 @@ from airlock_redis import (
 )
 from airlock_redis.core.codec import DEFAULT_MAX_RESULT_BYTES
 from airlock_redis.core.errors import CorruptRecordError
+from airlock_redis.stores import layout
 
 from .conftest import make_store
 
@@ -67,33 +70,65 @@ def _call(tool: Callable[[], Any], tool_call_id: str) -> Any:
         return tool()
 
 
-def _damage_hash(store: RedisEffectStore, tool_call_id: str, how: str) -> None:
+def _damage(store: RedisEffectStore, tool_call_id: str, how: str) -> None:
     client, key = store.client, store.key(tool_call_id)
-    if how == "no status field":
-        client.hdel(key, "status")
+    data = client.get(key)
+    assert isinstance(data, bytes)
+    record = layout.parse(data)
+    header = data[: data.index(b";") + 1]
+    if how == "header does not parse":
+        damaged = data[1:]  # no version byte
     elif how == "unknown status":
-        client.hset(key, "status", "exploded")
-    elif how == "no key field":
-        client.hdel(key, "key")
-    elif how == "no tool field":
-        client.hdel(key, "tool")
-    elif how == "not a hash":
+        damaged = data[:1] + b"x" + data[2:]
+    elif how == "fields cut short":
+        damaged = data[: len(header) + 20]  # inside the key
+    elif how == "malformed attempt":
+        damaged = data[:3] + b"1234567890" + data[3 + len(str(record.attempt)) :]
+    elif how == "malformed released list":
+        body = data[len(header) :]
+        fields = header.rstrip(b";").split(b",")
+        fields[-1] = b"3"
+        end = record.value_at - len(header)
+        damaged = b",".join(fields) + b";" + body[:end] + b"3x:" + body[end:]
+    elif how == "not a string":
         client.delete(key)
-        client.set(key, b"\x00garbage")
-    elif how == "value field missing":
-        assert client.hget(key, "stored") == b"1"
-        client.hdel(key, "value")
+        client.rpush(key, b"\x00garbage")
+        return
+    elif how == "a hash (an earlier release's layout)":
+        client.delete(key)
+        client.hset(
+            key,
+            mapping={
+                "status": "committed",
+                "key": record.key_text,
+                "tool": record.tool_text,
+                "owner": record.owner_text,
+                "attempt": str(record.attempt),
+                "stored": "1",
+                "value": record.value,
+            },
+        )
+        return
+    elif how == "value cut off":
+        assert record.stored and record.value
+        damaged = data[: record.value_at]
     else:  # pragma: no cover
         raise AssertionError(how)
+    client.set(key, damaged, keepttl=True)
+    if how != "value cut off":
+        with pytest.raises(layout.LayoutError):
+            layout.parse(damaged)
 
 
 DAMAGE = [
-    "no status field",
+    "header does not parse",
     "unknown status",
-    "no key field",
-    "no tool field",
-    "not a hash",
-    "value field missing",
+    "fields cut short",
+    "malformed attempt",
+    "malformed released list",
+    "not a string",
+    "a hash (an earlier release's layout)",
+    "value cut off",
 ]
 
 
@@ -106,7 +141,7 @@ def test_a_damaged_record_is_refused_as_corrupt_and_the_tool_does_not_run(
     tool = _tools(redis_store, runs)[which]
     _call(tool, "call-1")  # committed
     assert len(runs) == 1
-    _damage_hash(redis_store, "call-1", how)
+    _damage(redis_store, "call-1", how)
     snapshot = _dump(redis_store, "call-1")
     for _ in range(2):
         with pytest.raises(EffectRefused) as refused:
@@ -123,6 +158,8 @@ def _dump(store: RedisEffectStore, tool_call_id: str) -> Any:
     kind = store.client.type(key)
     if kind == b"hash":
         return kind, store.client.hgetall(key)
+    if kind == b"list":
+        return kind, store.client.lrange(key, 0, -1)
     return kind, store.client.get(key)
 
 
@@ -134,24 +171,29 @@ def test_a_damaged_in_doubt_record_is_not_taken_over_by_a_reversible_tool(
     lookup = _tools(redis_store, runs)["lookup (reversible)"]
     _call(lookup, "call-1")
     client, key = redis_store.client, redis_store.key("call-1")
-    client.hset(key, mapping={"status": status})
-    client.hdel(key, "tool")
+    data = layout.edit(client.get(key), status=status)  # type: ignore[arg-type]
+    record = layout.parse(data)
+    damaged = data[: record.value_at - 1]  # the tool's last byte gone: the fields run past the end
+    client.set(key, damaged, keepttl=True)
     with pytest.raises(EffectRefused) as refused:
         _call(lookup, "call-1")
     assert refused.value.reason == "record_corrupt"
     assert runs == ["lookup"]
-    assert client.hget(key, "status") == status.encode()
+    assert client.get(key) == damaged  # not taken over: still the damaged record, in doubt
+    assert damaged[1:2] == status[:1].encode()
 
 
-@pytest.mark.parametrize("how", ["unknown status", "not a hash"])
+@pytest.mark.parametrize("how", ["unknown status", "not a string", "a hash (an earlier release's layout)"])
 def test_reading_a_damaged_record_is_a_clear_error(redis_store: RedisEffectStore, how: str) -> None:
     runs: list[str] = []
     _call(_tools(redis_store, runs)["charge"], "call-1")
-    _damage_hash(redis_store, "call-1", how)
+    _damage(redis_store, "call-1", how)
     with pytest.raises(CorruptRecordError) as info:
         redis_store.get("call-1")
     assert isinstance(info.value, StoreError)
-    assert "status" in str(info.value) or "not a hash" in str(info.value)
+    assert "status" in str(info.value) or "not a string" in str(info.value)
+    with pytest.raises(CorruptRecordError):
+        asyncio.run(redis_store.aget("call-1"))
 
 
 def test_a_result_over_the_default_limit_is_not_stored_and_its_replay_refused(
@@ -174,4 +216,5 @@ def test_a_result_over_the_default_limit_is_not_stored_and_its_replay_refused(
     assert runs == [1]
     record = redis_store.get("big-1")
     assert record is not None and (record.status, record.stored) == (Status.COMMITTED, False)
-    assert redis_store.client.hstrlen(redis_store.key("big-1"), "value") == 0  # nothing huge in Redis
+    data = redis_store.client.get(redis_store.key("big-1"))
+    assert isinstance(data, bytes) and layout.parse(data).value == b"" and len(data) < 200  # nothing huge

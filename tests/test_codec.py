@@ -32,6 +32,7 @@ from airlock_redis import (
 )
 from airlock_redis.core.codec import DEFAULT_MAX_RESULT_BYTES, FORMAT_VERSION, decode_result, encode_result
 from airlock_redis.core.errors import ResultDecodingError, ResultEncodingError
+from airlock_redis.stores import layout
 
 KINDS = ("sync", "async")
 UTC_PLUS_2 = dt.timezone(dt.timedelta(hours=2))
@@ -368,8 +369,9 @@ def damage(store: EffectStore, tool_call_id: str, junk: bytes) -> None:
     """Overwrite the committed record's stored bytes, as a bad write or a hand edit would."""
     if isinstance(store, RedisEffectStore):
         key = store.key(tool_call_id)
-        assert store.client.hget(key, "status") == b"committed"
-        store.client.hset(key, "value", junk)
+        data = store.client.get(key)
+        assert isinstance(data, bytes) and layout.parse(data).status == "committed"
+        store.client.set(key, layout.edit(data, value=junk), keepttl=True)
     else:
         assert isinstance(store, InMemoryEffectStore)
         record = store.get(tool_call_id)

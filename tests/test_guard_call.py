@@ -8,7 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from airlock_redis import EffectGuard, EffectStatusUnknown, EffectStore, Status, reversibility
+from airlock_redis import (
+    EffectGuard,
+    EffectPolicyViolation,
+    EffectStatusUnknown,
+    EffectStore,
+    Status,
+    reversibility,
+)
 
 from .conftest import make_store
 
@@ -186,3 +193,37 @@ def test_the_model_message_of_a_call_in_doubt_says_not_to_issue_it_again(guard: 
     text = refused.value.model_message
     assert "Do not issue this call again, under this id or a new one" in text
     assert "try again" not in text.lower()
+
+
+def test_a_tool_that_may_not_run_again_is_refused_inside_a_reversible_call_of_the_same_id(
+    guard: EffectGuard,
+) -> None:
+    """The outer record covers a nested call only if the outer call runs at most once: inside a
+    reversible call (which a retry runs again) an irreversible tool would run again with it."""
+    runs: list[str] = []
+
+    @guard.wrap
+    def charge() -> str:
+        runs.append("charge")
+        return "charged"
+
+    @reversibility("reversible")
+    def refresh_and_charge() -> str:
+        return charge()
+
+    with pytest.raises(EffectPolicyViolation, match="inside the body of a reversible call"):
+        guard.call("call_r", refresh_and_charge)
+    assert runs == []
+
+    @reversibility("reversible")
+    @guard.wrap
+    def lookup() -> str:
+        runs.append("lookup")
+        return "found"
+
+    @reversibility("reversible")
+    def refresh() -> str:
+        return lookup()
+
+    assert guard.call("call_r2", refresh) == "found"  # reversible inside reversible: fine
+    assert runs == ["lookup"]

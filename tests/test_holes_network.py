@@ -217,7 +217,7 @@ def test_the_readme_tenant_acl_serves_wait_replicas(pair: Pair) -> None:
     """What the README lists for a tenant, plus what it lists for wait_replicas."""
     ns = f"tenant{os.getpid()}"
     admin = pair.primary.client()
-    commands = "-@all +evalsha +script|load +hmget +hset +pexpire +del +exists +hdel +hgetall +pttl +ping"
+    commands = "-@all +evalsha +script|load +get +set +pexpire +type +hmget +pttl +ping"
     commands += " +wait +waitaof +info"
     supported = {name.decode() if isinstance(name, bytes) else name for name in admin.command_list()}
     rules = [c for c in commands.split() if c.startswith("-") or c[1:].split("|")[0] in supported]

@@ -38,6 +38,7 @@ from airlock_redis import (
 )
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import layout
 from airlock_redis.stores.redis_store import _SHAS
 from airlock_redis.stores.scripts import script_source
 from tests.faults import Action, ChaosProxy, Fault
@@ -284,19 +285,34 @@ def test_every_record_the_guard_writes_has_a_ttl(rstore: RedisEffectStore) -> No
     assert all(rstore.client.pttl(k) > 0 for k in keys)
 
 
-# -- also: hashes that are not records -----------------------------------------------------------
+# -- also: strings (and a hash) that are not records -----------------------------------------------
+def _header(status: str, attempt: str) -> bytes:
+    """A record's string as the layout spells it, with ``attempt`` as given (K: the call's key)."""
+    key = layout.pack_key(idempotency_key("charge", {"cents": 5}))
+    return b"a%s,%s,1,,0,1,%d,6,0,0;o%scharge" % (status.encode(), attempt.encode(), len(key), key)
+
+
 @pytest.mark.parametrize(
-    "fields",
+    "content",
     [
+        b"foo",
+        _header("p", "nan"),
+        _header("u", "1e308"),
+        _header("c", "-1"),
+        _header("u", "1234567890"),
         {"foo": "bar"},
-        {"status": "pending", "key": "K", "tool": "charge", "owner": "o", "attempt": "nan"},
-        {"status": "unknown", "key": "K", "tool": "charge", "owner": "o", "attempt": "1e308"},
-        {"status": "committed", "key": "K", "tool": "charge", "owner": "o", "attempt": "-1"},
     ],
-    ids=["unrelated-fields", "attempt-nan", "attempt-1e308", "attempt-negative"],
+    ids=[
+        "unrelated-bytes",
+        "attempt-nan",
+        "attempt-1e308",
+        "attempt-negative",
+        "attempt-10-digits",
+        "a-hash",
+    ],
 )
-def test_a_hash_that_is_not_a_record_is_corrupt_and_the_tool_does_not_run(
-    rstore: RedisEffectStore, fields: dict[str, str]
+def test_a_string_that_is_not_a_record_is_corrupt_and_the_tool_does_not_run(
+    rstore: RedisEffectStore, content: bytes | dict[str, str]
 ) -> None:
     runs: list[int] = []
 
@@ -305,17 +321,23 @@ def test_a_hash_that_is_not_a_record_is_corrupt_and_the_tool_does_not_run(
         runs.append(cents)
         return cents
 
-    key = idempotency_key("charge", {"cents": 5})
-    mapping: dict[str | bytes, str | bytes] = {
-        name: (key if value == "K" else value) for name, value in fields.items()
-    }
-    rstore.client.hset(rstore.key("bad-1"), mapping=mapping)  # type: ignore[arg-type]
+    key = rstore.key("bad-1")
+    assert layout.parse(_header("u", "1")).key_text == idempotency_key("charge", {"cents": 5})
+    if isinstance(content, dict):
+        rstore.client.hset(key, mapping=content)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(layout.LayoutError):
+            layout.parse(content)
+        rstore.client.set(key, content)
     with tool_call_context("bad-1"), pytest.raises(EffectRefused) as refused:
         charge(5)
     assert refused.value.reason == "record_corrupt"
     assert runs == []
-    stored: dict[bytes, bytes] = rstore.client.hgetall(rstore.key("bad-1"))  # type: ignore[assignment]
-    assert {k.decode(): v.decode() for k, v in stored.items()} == mapping
+    if isinstance(content, dict):
+        stored: dict[bytes, bytes] = rstore.client.hgetall(key)  # type: ignore[assignment]
+        assert {k.decode(): v.decode() for k, v in stored.items()} == content
+    else:
+        assert rstore.client.get(key) == content
 
 
 # -- also: the retry policy of URL-built clients ----------------------------------------------------

@@ -22,9 +22,18 @@ from airlock_redis import (
 )
 from airlock_redis.cli import main
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import layout
 
 pytestmark = pytest.mark.redis_server
 SIGNING_KEY = "operator-test-signing-key-0123456789"
+
+
+def rewrite(store: RedisEffectStore, tool_call_id: str, change: Callable[[bytes], bytes]) -> None:
+    """Write a record's string back changed (its TTL kept), as someone with access to Redis could."""
+    key = store.key(tool_call_id)
+    data = store.client.get(key)
+    assert isinstance(data, bytes)
+    store.client.set(key, change(data), keepttl=True)
 
 
 class Host:
@@ -130,9 +139,9 @@ def test_inspect_shows_what_is_wrong_with_a_damaged_record(
     host: Host, target: list[str], capsys: Any
 ) -> None:
     host.call("call-1")
-    host.store.client.hset(host.store.key("call-1"), "status", "exploded")
+    rewrite(host.store, "call-1", lambda data: data[:1] + b"x" + data[2:])  # the status letter
     code, out, _ = run_cli(["inspect", "call-1", *target], capsys)
-    assert code == 0 and "PROBLEM" in out and "unknown status 'exploded'" in out
+    assert code == 0 and "PROBLEM" in out and "unknown status 'x'" in out
 
 
 def test_a_password_in_the_url_never_shows(redis_server: EmbeddedRedis, namespace: str, capsys: Any) -> None:
@@ -166,7 +175,7 @@ def test_list_filters_by_status_tool_and_age(host: Host, target: list[str], caps
     with tool_call_context("look-1"):
         host.lookup("acct")
     an_hour_ago = time.time_ns() // 1_000_000 - 3_600_000
-    host.store.client.hset(host.store.key("lost-old"), "begun", an_hour_ago)
+    rewrite(host.store, "lost-old", lambda data: layout.edit(data, begun_ms=an_hour_ago))
 
     def ids(*extra: str) -> set[str]:
         code, out, _ = run_cli(["list", *target, "--json", *extra], capsys)
@@ -460,7 +469,7 @@ def test_resolve_releases_a_damaged_record(
     host: Host, target: list[str], tmp_path: Path, capsys: Any
 ) -> None:
     host.call("call-1")
-    host.store.client.hdel(host.store.key("call-1"), "status")
+    rewrite(host.store, "call-1", lambda data: data[1:])  # no version byte: the header does not parse
     with pytest.raises(EffectRefused):
         host.call("call-1")
     code, _, _ = run_cli(

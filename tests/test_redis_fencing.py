@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -34,6 +35,7 @@ from airlock_redis import (
 )
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import layout
 from airlock_redis.stores.scripts import script_source
 from tests.conftest import make_store
 from tests.procs import MutingProxy, is_script_call
@@ -313,8 +315,14 @@ def test_superseded_guard_call_leaves_the_newer_result_standing(rstore: RedisEff
     def quote(symbol: str) -> str:
         if not values:
             values.append("from-a")
-            with tool_call_context("call-g1"):
-                values.append(quote(symbol))  # B: a retry that arrives while A still runs
+
+            def retry() -> None:  # B: a retry from elsewhere (another thread) while A still runs
+                with tool_call_context("call-g1"):
+                    values.append(quote(symbol))
+
+            other = threading.Thread(target=retry)
+            other.start()
+            other.join()
             return "from-a"
         return "from-b"
 
@@ -338,22 +346,24 @@ def test_raw_scripts_sent_twice_give_the_same_answer(rstore: RedisEffectStore) -
     key = rstore.key("call-raw")
     begin_args = (KEY, TOOL, "token-raw", "0", 60_000, 1_700_000_000_000)
     assert run_script(client, "begin", key, *begin_args) == [b"started", 1]
-    snapshot = client.hgetall(key)
+    snapshot = client.get(key)
     assert run_script(client, "begin", key, *begin_args) == [b"started", 1]
-    assert client.hgetall(key) == snapshot  # the re-sent begin changed nothing
+    assert client.get(key) == snapshot  # the re-sent begin changed nothing
 
     commit_args = ("token-raw", "1", b"\x91\x01", b"", 30_000, 1_700_000_000_500, KEY, TOOL, 1)
     assert run_script(client, "commit", key, *commit_args) == b"ok"
-    snapshot = client.hgetall(key)
+    snapshot = client.get(key)
     assert run_script(client, "commit", key, *commit_args) == b"ok"
-    assert client.hgetall(key) == snapshot
-    assert snapshot[b"status"] == b"committed" and snapshot[b"value"] == b"\x91\x01"
+    assert client.get(key) == snapshot
+    assert isinstance(snapshot, bytes)
+    committed = layout.parse(snapshot)
+    assert committed.status == "committed" and committed.value == b"\x91\x01"
 
     intruder = ("intruder", "1", b"x", b"", 30_000, 0, KEY, TOOL, 1)
     assert run_script(client, "commit", key, *intruder) == b"superseded"
     settle_args = ("intruder", "release", 30_000, KEY, TOOL, 1, 60_000)
     assert run_script(client, "settle", key, *settle_args) == b"superseded"
-    assert client.hgetall(key) == snapshot
+    assert client.get(key) == snapshot
     missing = rstore.key("call-raw-missing")
     assert run_script(client, "commit", missing, "t", "1", b"x", b"", 30_000, 0, KEY, TOOL, 1) == b"recreated"
     assert run_script(client, "commit", missing, "t", "1", b"x", b"", 30_000, 0, KEY, TOOL, 1) == b"ok"

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from airlock_redis import EffectGuard, RedisEffectStore, StoreUnavailable, tool_call_context
+from airlock_redis.stores import layout
 
 from .topo_helpers import Counted, assert_replays_across_two_stores, fresh_id, namespace
 from .topologies import SentinelTopology, shared_sentinel
@@ -39,7 +40,8 @@ def test_with_wait_replicas_the_pending_record_is_on_the_replica_before_the_tool
 
     def charge(account: str) -> str:
         with sentinel.replica.client() as replica:
-            seen_on_replica.append(replica.hget(store.key(tool_call_id), "status"))
+            data = replica.get(store.key(tool_call_id))
+            seen_on_replica.append(layout.parse(data).status.encode() if data else None)
         return account
 
     guarded = EffectGuard(store=store).wrap(charge)

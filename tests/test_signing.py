@@ -11,6 +11,7 @@ import redis
 from airlock_redis import EffectGuard, RecordCorrupt, RedisEffectStore, tool_call_context
 from airlock_redis.core.signing import Signer
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import layout
 
 KEY_OLD = b"old-signing-key-0123456789abcdef"
 KEY_NEW = b"new-signing-key-0123456789abcdef"
@@ -45,6 +46,21 @@ def _raw(store: RedisEffectStore) -> redis.Redis:
     return client
 
 
+def _field(store: RedisEffectStore, key: bytes, field: str) -> bytes:
+    """One field (value or mac) of the record's string."""
+    data = _raw(store).get(key)
+    assert isinstance(data, bytes)
+    value: bytes = getattr(layout.parse(data), field)
+    return value
+
+
+def _set_fields(store: RedisEffectStore, key: bytes, **fields: bytes) -> None:
+    """Write some fields of the record, as someone with write access to Redis could."""
+    data = _raw(store).get(key)
+    assert isinstance(data, bytes)
+    _raw(store).set(key, layout.edit(data, **fields), keepttl=True)
+
+
 def test_signed_result_replays(redis_server: EmbeddedRedis, namespace: str) -> None:
     store = _store(redis_server, namespace)
     charge = Charge(EffectGuard(store, signing_key=KEY_OLD))
@@ -64,11 +80,11 @@ def test_edited_record_is_refused_reported_and_not_run(
     charge = Charge(guard)
     charge("call-1")
     key = store.key("call-1")
-    original = _raw(store).hget(key, field)
-    assert isinstance(original, bytes) and original
+    original = _field(store, key, field)
+    assert original
     # flip one byte of the stored field, as someone with write access to Redis could
     edited = original[:-1] + bytes([original[-1] ^ 0x01])
-    _raw(store).hset(key, field, edited)
+    _set_fields(store, key, **{field: edited})
     with caplog.at_level(logging.ERROR, logger="airlock_redis"), pytest.raises(RecordCorrupt) as info:
         charge("call-1")
     assert info.value.reason == "record_corrupt"
@@ -77,7 +93,7 @@ def test_edited_record_is_refused_reported_and_not_run(
     # the record is left as it is for the operator: refused again, never replayed nor deleted
     with pytest.raises(RecordCorrupt):
         charge("call-1")
-    assert _raw(store).hget(key, field) == edited
+    assert _field(store, key, field) == edited
 
 
 def test_forged_value_with_a_valid_codec_is_refused(redis_server: EmbeddedRedis, namespace: str) -> None:
@@ -87,7 +103,7 @@ def test_forged_value_with_a_valid_codec_is_refused(redis_server: EmbeddedRedis,
     store = _store(redis_server, namespace)
     charge = Charge(EffectGuard(store, signing_key=KEY_OLD))
     charge("call-1")
-    _raw(store).hset(store.key("call-1"), "value", encode_result({"account": "acct_1", "cents": 1}))
+    _set_fields(store, store.key("call-1"), value=encode_result({"account": "acct_1", "cents": 1}))
     with pytest.raises(RecordCorrupt):
         charge("call-1")
     assert charge.runs == 1
@@ -100,10 +116,8 @@ def test_value_and_mac_copied_from_another_record_do_not_verify(
     charge = Charge(EffectGuard(store, signing_key=KEY_OLD))
     charge("call-a", account="acct_1", cents=500)
     charge("call-b", account="acct_1", cents=500)  # same arguments, so same idempotency key
-    client = _raw(store)
-    value_a, mac_a = client.hmget(store.key("call-a"), ["value", "mac"])
-    assert isinstance(value_a, bytes) and isinstance(mac_a, bytes)
-    client.hset(store.key("call-b"), mapping={"value": value_a, "mac": mac_a})
+    value_a, mac_a = _field(store, store.key("call-a"), "value"), _field(store, store.key("call-a"), "mac")
+    _set_fields(store, store.key("call-b"), value=value_a, mac=mac_a)
     with pytest.raises(RecordCorrupt):
         charge("call-b")
     assert charge.runs == 2

@@ -132,3 +132,14 @@ def approval_denied(tool: str, tool_call_id: str | None, key: str | None, why: s
         idempotency_key=key,
         fix_hint="Do not retry unless an approver grants this call.",
     )
+
+
+def nested_in_reversible(tool: str, tool_call_id: str) -> EffectPolicyViolation:
+    return EffectPolicyViolation(
+        f"{tool!r} may not run again, but it was called inside the body of a reversible call under the "
+        f"same tool_call_id {tool_call_id!r}: a retry of that call would run it again.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        fix_hint="Tag the outer tool with the strictest reversibility of what it calls, or call "
+        f"{tool!r} under a tool_call_id of its own.",
+    )

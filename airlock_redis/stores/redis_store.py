@@ -1,4 +1,5 @@
-"""The effect store shared through Redis: one hash per tool call, every transition one Lua script.
+"""The effect store shared through Redis: one string per tool call (see :mod:`.layout`), every
+transition one Lua script.
 
 Every script is safe to re-send (redis-py re-sends a command after a timeout): the attempt's owner
 token makes a second ``begin`` or ``commit`` by the same attempt a no-op, and fences off an
@@ -23,11 +24,21 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from ..core.errors import CorruptRecordError, StoreError
-from ..core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from ..core.records import (
+    RELEASED,
+    BeginKind,
+    BeginOutcome,
+    BeginRequest,
+    Record,
+    Settlement,
+    Status,
+    TransitionResult,
+)
 from ..redaction import redact, without_password
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
+from .layout import OLD_LAYOUT, pack_key, pack_token
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import ServerFacts
@@ -310,11 +321,12 @@ class RedisEffectStore:
         return record_key(self.namespace, tool_call_id)
 
     # -- arguments of each script (shared by both paths) -----------------------------------------
+    # (owner tokens and idempotency keys travel packed: see layout.pack_id)
     def _begin_args(self, request: BeginRequest) -> list[Any]:
         return [
-            request.idempotency_key,
+            pack_key(request.idempotency_key),
             request.tool,
-            request.token,
+            pack_token(request.token),
             b"1" if request.reversible else b"0",
             self._pending_ms,
             _now_ms(),
@@ -325,23 +337,23 @@ class RedisEffectStore:
     ) -> list[Any]:
         stored, data = (b"0", b"") if value is None else (b"1", value)
         return [
-            request.token,
+            pack_token(request.token),
             stored,
             data,
             mac or b"",
             self._committed_ms,
             _now_ms(),
-            request.idempotency_key,
+            pack_key(request.idempotency_key),
             request.tool,
             attempt,
         ]
 
     def _settle_args(self, request: BeginRequest, attempt: int, settlement: Settlement) -> list[Any]:
         return [
-            request.token,
+            pack_token(request.token),
             settlement.value,
             self._unknown_ms,
-            request.idempotency_key,
+            pack_key(request.idempotency_key),
             request.tool,
             attempt,
             _TOMBSTONE_MS,
@@ -369,15 +381,15 @@ class RedisEffectStore:
         status = expect_status.value if expect_status is not None else ""
         return [
             name,
-            expect_key or "",
-            owner,
+            pack_key(expect_key) if expect_key else b"",
+            pack_token(owner),
             stored,
             value or b"",
             mac or b"",
             ttl,
             _now_ms(),
             status,
-            expect_owner or "",
+            pack_token(expect_owner) if expect_owner else b"",
         ]
 
     # -- blocking operations ---------------------------------------------------------------------
@@ -431,12 +443,15 @@ class RedisEffectStore:
 
         def read() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
-            pipe.hgetall(key)
+            pipe.get(key)
             pipe.pttl(key)
-            return pipe.execute()
+            return pipe.execute(raise_on_error=False)
 
-        fields, pttl = _guarded(read)
-        return parse_record(tool_call_id, fields, int(pttl))
+        data, pttl = _guarded(read)
+        if isinstance(data, BaseException):  # no string: what does the key hold?
+            kind, status = _guarded(lambda: _kind_and_status(self.client.pipeline(transaction=False), key))
+            return _not_a_string(tool_call_id, data, kind, status)
+        return parse_record(tool_call_id, data, int(pttl))
 
     def ping(self) -> bool:
         return bool(_guarded(self.client.ping))
@@ -500,12 +515,23 @@ class RedisEffectStore:
 
         async def read() -> list[Any]:
             pipe = self.async_client().pipeline(transaction=False)
-            pipe.hgetall(key)
+            pipe.get(key)
             pipe.pttl(key)
-            return await pipe.execute()
+            return await pipe.execute(raise_on_error=False)
 
-        fields, pttl = await _aguarded(read)
-        return parse_record(tool_call_id, fields, int(pttl))
+        data, pttl = await _aguarded(read)
+        if isinstance(data, BaseException):
+
+            async def inspect() -> tuple[str, Any]:
+                pipe = self.async_client().pipeline(transaction=False)
+                pipe.type(key)
+                pipe.hmget(key, ["status"])
+                kind, fields = await pipe.execute(raise_on_error=False)
+                return _text(kind), fields[0] if isinstance(fields, list) else None
+
+            kind, status = await _aguarded(inspect)
+            return _not_a_string(tool_call_id, data, kind, status)
+        return parse_record(tool_call_id, data, int(pttl))
 
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop now (``asyncio.run`` closes the ones the store
@@ -589,10 +615,37 @@ def _decodes_responses(client: Any) -> bool:
     return bool(kwargs.get("decode_responses"))
 
 
+def _text(raw: Any) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _kind_and_status(pipe: Any, key: bytes) -> tuple[str, Any]:
+    """What a key that holds no string holds: its type, and its status field when it is a hash."""
+    pipe.type(key)
+    pipe.hmget(key, ["status"])
+    kind, fields = pipe.execute(raise_on_error=False)
+    return _text(kind), fields[0] if isinstance(fields, list) else None
+
+
+def _not_a_string(tool_call_id: str, error: BaseException, kind: str, status: Any) -> Record | None:
+    """``get`` of a key that holds no string: None for the tombstone of an earlier release (no record,
+    as begin takes it), else CorruptRecordError."""
+    if not (isinstance(error, redis.exceptions.ResponseError) and "WRONGTYPE" in str(error)):
+        raise _failure(error)
+    if kind == "hash":
+        if status == RELEASED.encode():
+            return None
+        raise CorruptRecordError(f"the record of {tool_call_id!r} is not a string: {OLD_LAYOUT}")
+    raise CorruptRecordError(f"the key of the record of {tool_call_id!r} holds a {kind}, not a string")
+
+
 def _failure(exc: BaseException) -> StoreError:
     message = f"Redis did not complete the operation: {type(exc).__name__}: {exc}"
     if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
-        return CorruptRecordError(f"the key of the record is not a hash ({exc})")
+        return CorruptRecordError(
+            f"the key of the record holds no string: a hash is {OLD_LAYOUT}; any other type is no "
+            f"record ({exc})"
+        )
     if isinstance(exc, redis.exceptions.NoPermissionError):
         message += (
             " (the Redis user's ACL does not allow this key or command: check that the store's "

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import CorruptRecordError, StoreError
-from ..core.records import RELEASED, BeginKind, BeginOutcome, Record, Status, TransitionResult
+from ..core.records import RELEASED, BeginKind, BeginOutcome, Record, TransitionResult
+from .layout import KEY_HEX, LayoutError, parse, unpack_id
 
 
 def _text(value: Any) -> str:
@@ -43,7 +44,7 @@ def parse_begin(reply: Any) -> BeginOutcome:
         return BeginOutcome(kind, attempt, value=value, mac=mac)
     if kind is BeginKind.MISMATCH:
         tool = _text(reply[4]) if len(reply) > 4 else ""
-        key = _text(reply[5]) if len(reply) > 5 else ""
+        key = unpack_id(reply[5], KEY_HEX) if len(reply) > 5 and isinstance(reply[5], bytes) else ""
         return BeginOutcome(kind, attempt, tool=tool or None, idempotency_key=key or None)
     return BeginOutcome(kind, attempt)
 
@@ -55,36 +56,29 @@ def parse_transition(reply: Any) -> TransitionResult:
         raise StoreError(f"unexpected reply from a transition script: {reply!r}") from None
 
 
-def parse_record(tool_call_id: str, fields: dict[Any, Any], pttl: int) -> Record | None:
-    if not fields:
+def parse_record(tool_call_id: str, data: bytes | None, pttl: int) -> Record | None:
+    """The record a key's string holds (None: no key, or a tombstone); CorruptRecordError when the
+    string is not a record."""
+    if data is None:
         return None
-    data = {_text(k): v for k, v in fields.items()}
-    if _text(data.get("status", b"")) == RELEASED:
-        return None  # a tombstone: no record
     try:
-        status = Status(_text(data.get("status", b"")))
-    except ValueError:
-        raise CorruptRecordError(
-            f"the record of {tool_call_id!r} holds an unknown status {data.get('status')!r}"
-        ) from None
-
-    def number(name: str) -> int | None:
-        raw = data.get(name)
-        text = _text(raw) if raw is not None else ""
-        return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
-
-    stored = _text(data.get("stored", b"0")) == "1"
+        stored = parse(data)
+    except LayoutError as exc:
+        raise CorruptRecordError(f"the record of {tool_call_id!r} is not well formed: {exc}") from None
+    status = stored.record_status()
+    if status is None:
+        return None  # a tombstone: no record
     return Record(
         tool_call_id=tool_call_id,
         status=status,
-        idempotency_key=_text(data.get("key", b"")),
-        tool=_text(data.get("tool", b"")),
-        owner=_text(data.get("owner", b"")),
-        attempt=number("attempt") or 0,
-        value=data.get("value") if stored else None,
-        stored=stored,
-        mac=_bytes_or_none(data.get("mac")),
-        begun_ms=number("begun"),
-        committed_ms=number("committed"),
+        idempotency_key=stored.key_text,
+        tool=stored.tool_text,
+        owner=stored.owner_text,
+        attempt=stored.attempt,
+        value=stored.value if stored.stored else None,
+        stored=stored.stored,
+        mac=stored.mac or None,
+        begun_ms=stored.begun_ms,
+        committed_ms=stored.committed_ms,
         ttl_ms=pttl if pttl >= 0 else None,
     )

@@ -1,0 +1,209 @@
+"""A record as Redis holds it: one string, a compact header, the fields, then the stored result.
+
+::
+
+    a<status>,<attempt>,<begun>,<committed>,<stored>,<#owner>,<#key>,<#tool>,<#mac>,<#released>;
+    <owner><key><tool><mac><released><value>
+
+``a`` is the layout's version. ``status`` is one letter (``p`` pending, ``c`` committed, ``u`` unknown,
+``r`` released: a tombstone). ``attempt``, the two timestamps (ms since the epoch, empty when not known)
+and the byte lengths of the five fields that follow are decimal; ``stored`` is ``1`` when a committed
+value is kept. The value runs to the end of the string. ``released`` lists every token that gave the
+record back while the key lives, each as ``<length>:<bytes>``.
+
+One string, not a hash: a hash whose value is over 64 bytes leaves its compact encoding and costs about
+1 KB more per record; a string costs its length, rounded up by the allocator. The Lua scripts
+(``lua/common.lua``) read and write the same format with ``string.find``/``string.sub`` only, and this
+module is its Python mirror: the store's reads, the operator's views, and tests that build or damage
+records use it.
+
+Owner tokens and idempotency keys are packed (:func:`pack_id`): the hex a guard makes (32 digits for a
+token, 64 for a key) is stored as its raw bytes, any other text as itself. The scripts receive them
+packed and compare bytes; readers unpack them, so :class:`~airlock_redis.core.records.Record` keeps its
+hex strings.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..core.records import RELEASED, Status
+
+VERSION = b"a"
+TOKEN_HEX = 32  # a guard's owner token: secrets.token_hex(16)
+KEY_HEX = 64  # an idempotency key: a sha256 in hex
+OLD_LAYOUT = (
+    "a record in the layout of an earlier airlock-redis release: resolve it with the CLI or let it expire"
+)
+_CODES = {"pending": b"p", "committed": b"c", "unknown": b"u", RELEASED: b"r"}
+_STATUSES = {code[0]: name for name, code in _CODES.items()}
+_HEADER = re.compile(
+    rb"a(.),([0-9]+),([0-9]*),([0-9]*),([01]),([0-9]+),([0-9]+),([0-9]+),([0-9]+),([0-9]+);", re.DOTALL
+)
+_ENTRY = re.compile(rb"([0-9]+):")
+
+
+class LayoutError(ValueError):
+    """Bytes that are not a record of this layout; the message says why (as the scripts say it)."""
+
+
+def pack_id(text: str, hex_digits: int) -> bytes:
+    """An owner token (``hex_digits`` 32) or idempotency key (64) as records hold it: ``hex_digits``
+    lowercase hex digits -> their bytes; any other text -> its UTF-8, with a NUL added when that is
+    ``hex_digits / 2`` bytes or longer, so that no text packs like hex. One-to-one: equal packs mean
+    equal texts, which is all the scripts compare."""
+    if len(text) == hex_digits:
+        try:
+            raw = bytes.fromhex(text)
+        except ValueError:
+            pass
+        else:
+            if raw.hex() == text:  # lowercase, and no blanks (which fromhex skips)
+                return raw
+    raw = text.encode("utf-8")
+    return raw + b"\x00" if len(raw) >= hex_digits // 2 else raw
+
+
+def unpack_id(raw: bytes, hex_digits: int) -> str:
+    """The text :func:`pack_id` packed (bytes that are not valid UTF-8 are replaced, never raised)."""
+    if len(raw) == hex_digits // 2:
+        return raw.hex()
+    if len(raw) > hex_digits // 2 and raw.endswith(b"\x00"):
+        raw = raw[:-1]
+    return raw.decode("utf-8", "replace")
+
+
+def pack_token(token: str) -> bytes:
+    return pack_id(token, TOKEN_HEX)
+
+
+def pack_key(idempotency_key: str) -> bytes:
+    return pack_id(idempotency_key, KEY_HEX)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One record, as its string holds it (owner, key and released tokens packed)."""
+
+    status: str  # pending, committed, unknown, or released (a tombstone)
+    attempt: int = 0
+    begun_ms: int | None = None
+    committed_ms: int | None = None
+    stored: bool = False
+    owner: bytes = b""
+    key: bytes = b""
+    tool: bytes = b""
+    mac: bytes = b""
+    released: tuple[bytes, ...] = ()
+    value: bytes = b""
+    value_at: int = field(default=0, compare=False)  # where the value starts in the string (parse)
+
+    @property
+    def owner_text(self) -> str:
+        return unpack_id(self.owner, TOKEN_HEX)
+
+    @property
+    def key_text(self) -> str:
+        return unpack_id(self.key, KEY_HEX)
+
+    @property
+    def tool_text(self) -> str:
+        return self.tool.decode("utf-8", "replace")
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.status == RELEASED
+
+    def record_status(self) -> Status | None:
+        """The status as :class:`Status`; None for a tombstone."""
+        return None if self.is_tombstone else Status(self.status)
+
+
+def _number(value: int | None) -> bytes:
+    return b"" if value is None else str(value).encode("ascii")
+
+
+def pack(record: StoredRecord) -> bytes:
+    """The string the scripts write for ``record``."""
+    released = b"".join(b"%d:%s" % (len(token), token) for token in record.released)
+    fields = (record.owner, record.key, record.tool, record.mac, released)
+    numbers = (
+        _number(record.attempt),
+        _number(record.begun_ms),
+        _number(record.committed_ms),
+        b"1" if record.stored else b"0",
+        *(_number(len(f)) for f in fields),
+    )
+    return b"".join((VERSION, _CODES[record.status], b",", b",".join(numbers), b";", *fields, record.value))
+
+
+def _released(data: bytes) -> tuple[bytes, ...]:
+    entries: list[bytes] = []
+    at = 0
+    while at < len(data):
+        match = _ENTRY.match(data, at)
+        if match is None or len(match.group(1)) > 9:
+            raise LayoutError("the record's list of released tokens does not parse")
+        start = match.end()
+        at = start + int(match.group(1))
+        if at > len(data):
+            raise LayoutError("the record's list of released tokens does not parse")
+        entries.append(data[start:at])
+    return tuple(entries)
+
+
+def fields_end(data: bytes) -> int:
+    """Where the value starts: the length of header and fields, read from the header alone (a prefix
+    of the string is enough). Raises LayoutError when the header does not parse."""
+    match = _HEADER.match(data)
+    if match is None:
+        raise LayoutError("the record's header does not parse")
+    return match.end() + sum(int(n) for n in match.groups()[5:])
+
+
+def parse(data: bytes) -> StoredRecord:
+    """The record ``data`` holds; LayoutError (with the scripts' reason) when it is not one. ``data``
+    may stop where the value starts (a listing reads no value): the value is then empty."""
+    match = _HEADER.match(data)
+    if match is None:
+        raise LayoutError("the record's header does not parse")
+    code, attempt, begun, committed, stored, *lengths = match.groups()
+    status = _STATUSES.get(code[0])
+    if status is None:
+        raise LayoutError(f"the record has an unknown status {code.decode('latin-1')!r}")
+    if len(attempt) > 9:
+        raise LayoutError("the record has a malformed attempt")
+    if len(begun) > 15 or len(committed) > 15:
+        raise LayoutError("the record has a malformed timestamp")
+    if any(len(n) > 9 for n in lengths):
+        raise LayoutError("the record is cut short (its fields run past its end)")
+    bounds = [match.end()]
+    for n in lengths:
+        bounds.append(bounds[-1] + int(n))
+    if bounds[-1] > len(data):
+        raise LayoutError("the record is cut short (its fields run past its end)")
+    owner, key, tool, mac, released = (data[a:b] for a, b in itertools.pairwise(bounds))
+    return StoredRecord(
+        status=status,
+        attempt=int(attempt),
+        begun_ms=int(begun) if begun else None,
+        committed_ms=int(committed) if committed else None,
+        stored=stored == b"1",
+        owner=owner,
+        key=key,
+        tool=tool,
+        mac=mac,
+        released=_released(released),
+        value=data[bounds[-1] :],
+        value_at=bounds[-1],
+    )
+
+
+def edit(data: bytes, **changes: Any) -> bytes:
+    """``data``, a record, with some of its fields changed (``StoredRecord`` field names): what an
+    operator's tool or a test writes back."""
+    record = parse(data)
+    return pack(replace(record, **changes))

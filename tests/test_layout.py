@@ -1,0 +1,480 @@
+"""The record's layout: one string, read and written by the Lua scripts and by stores/layout.py alike.
+
+Round trips (hypothesis) of the Python mirror; records written by each script parsed in Python and
+records packed in Python read by the scripts, on a real redis-server; both sides agreeing on what is
+not a record; a hash of an earlier release refused as corrupt yet resolvable; and the memory a record
+costs beyond its stored result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airlock_redis import EffectGuard, EffectRefused, RedisEffectStore, Status, tool_call_context
+from airlock_redis.core.canonical import idempotency_key
+from airlock_redis.core.errors import CorruptRecordError
+from airlock_redis.core.records import BeginKind, BeginRequest, Settlement, TransitionResult
+from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.operator import list_records, read_record
+from airlock_redis.stores import layout
+from airlock_redis.stores.layout import KEY_HEX, TOKEN_HEX, StoredRecord, pack, pack_id, parse, unpack_id
+from airlock_redis.stores.scripts import script_source
+
+TOOL = "charge"
+KEY = idempotency_key(TOOL, {"cents": 5})
+STATUSES = ("pending", "committed", "unknown", "released")
+
+ids = st.one_of(
+    st.text(max_size=80),
+    st.text(alphabet="0123456789abcdef", min_size=32, max_size=32),
+    st.text(alphabet="0123456789abcdef", min_size=64, max_size=64),
+    st.text(alphabet="0123456789abcdefABCDEF", min_size=30, max_size=66),
+)
+small = st.binary(max_size=300)
+
+
+@st.composite
+def stored_records(draw: st.DrawFn) -> StoredRecord:
+    return StoredRecord(
+        status=draw(st.sampled_from(STATUSES)),
+        attempt=draw(st.integers(0, 999_999_999)),
+        begun_ms=draw(st.none() | st.integers(0, 10**15 - 1)),
+        committed_ms=draw(st.none() | st.integers(0, 10**15 - 1)),
+        stored=draw(st.booleans()),
+        owner=pack_id(draw(ids), TOKEN_HEX),
+        key=pack_id(draw(ids), KEY_HEX),
+        tool=draw(small),
+        mac=draw(small),
+        released=tuple(draw(st.lists(small, max_size=4))),
+        value=draw(st.binary(max_size=5000)),
+    )
+
+
+# -- the Python mirror alone ---------------------------------------------------------------------------
+@given(stored_records())
+def test_pack_and_parse_round_trip_any_bytes(record: StoredRecord) -> None:
+    data = pack(record)
+    assert parse(data) == record
+    assert layout.fields_end(data) == len(data) - len(record.value)
+    assert parse(data[: layout.fields_end(data)]) == dataclasses.replace(record, value=b"")
+
+
+@given(st.text(max_size=80), st.text(max_size=80), st.sampled_from((TOKEN_HEX, KEY_HEX)))
+def test_packed_ids_are_one_to_one_and_unpack_to_their_text(a: str, b: str, hex_digits: int) -> None:
+    assert unpack_id(pack_id(a, hex_digits), hex_digits) == a
+    assert (pack_id(a, hex_digits) == pack_id(b, hex_digits)) == (a == b)
+
+
+@given(st.sampled_from((TOKEN_HEX, KEY_HEX)), st.data())
+def test_hex_ids_pack_to_their_raw_bytes(hex_digits: int, data: st.DataObject) -> None:
+    raw = data.draw(st.binary(min_size=hex_digits // 2, max_size=hex_digits // 2))
+    assert pack_id(raw.hex(), hex_digits) == raw
+    assert pack_id(raw.hex().upper(), hex_digits) != raw or raw.hex() == raw.hex().upper()
+
+
+@pytest.mark.parametrize(
+    "text", ["ab" * 31 + "  ", " " + "ab" * 31 + " ", "AB" * 32, "ab" * 31 + "é", "ab" * 32 + "a"]
+)
+def test_near_hex_is_packed_as_text(text: str) -> None:
+    assert pack_id(text, KEY_HEX) == text.encode() + b"\x00"
+    assert unpack_id(pack_id(text, KEY_HEX), KEY_HEX) == text
+
+
+def test_a_guard_record_is_small() -> None:
+    record = StoredRecord(
+        "committed",
+        1,
+        1_700_000_000_000,
+        1_700_000_000_250,
+        True,
+        pack_id(secrets.token_hex(16), TOKEN_HEX),
+        pack_id(KEY, KEY_HEX),
+        TOOL.encode(),
+        value=b"v",
+    )
+    assert len(pack(record)) - 1 <= 47 + 16 + 32 + len(TOOL)  # header, raw token and key, tool
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"", "header does not parse"),
+        (b"zc,1,,,0,0,0,0,0,0;", "header does not parse"),
+        (b"ax,1,,,0,0,0,0,0,0;", "unknown status 'x'"),
+        (b"ac,1234567890,,,0,0,0,0,0,0;", "malformed attempt"),
+        (b"ac,1,1234567890123456,,0,0,0,0,0,0;", "malformed timestamp"),
+        (b"ac,1,,,0,1,0,0,0,0;", "cut short"),
+        (b"ac,1,,,0,0,0,0,0,2;1x", "released tokens"),
+        (b"ac,1,,,0,0,0,0,0,3;5:x", "released tokens"),
+    ],
+)
+def test_what_is_not_a_record_says_why(data: bytes, why: str) -> None:
+    with pytest.raises(layout.LayoutError, match=why):
+        parse(data)
+
+
+# -- the scripts and the mirror, on a real redis-server ------------------------------------------------
+@pytest.fixture
+def rstore(redis_server: EmbeddedRedis, namespace: str) -> Iterator[RedisEffectStore]:
+    store = RedisEffectStore(redis_server.url, namespace=namespace)
+    yield store
+    store.close()
+
+
+def _raw(store: RedisEffectStore, tool_call_id: str) -> StoredRecord:
+    data = store.client.get(store.key(tool_call_id))
+    assert isinstance(data, bytes)
+    return parse(data)
+
+
+def _request(tool_call_id: str, token: str | None = None, reversible: bool = False) -> BeginRequest:
+    return BeginRequest(tool_call_id, KEY, TOOL, token or secrets.token_hex(16), reversible)
+
+
+def test_each_script_writes_a_record_python_parses(rstore: RedisEffectStore) -> None:
+    a = _request("w-1")
+    assert rstore.begin(a).kind is BeginKind.STARTED
+    pending = _raw(rstore, "w-1")
+    assert (pending.status, pending.attempt, pending.owner_text, pending.key_text) == (
+        "pending",
+        1,
+        a.token,
+        KEY,
+    )
+    assert (pending.tool, pending.stored, pending.value, pending.committed_ms) == (
+        b"charge",
+        False,
+        b"",
+        None,
+    )
+    assert len(pending.owner) == 16 and len(pending.key) == 32  # hex travels and stays as raw bytes
+    assert pending.begun_ms is not None
+
+    value, mac = bytes(range(256)) + b";,:\x00", b"\x00;" * 16
+    assert rstore.commit(a, 1, value, mac) is TransitionResult.OK
+    committed = _raw(rstore, "w-1")
+    assert (committed.status, committed.stored, committed.value, committed.mac) == (
+        "committed",
+        True,
+        value,
+        mac,
+    )
+    assert committed.begun_ms == pending.begun_ms and committed.committed_ms is not None
+
+    b = _request("w-2", "tok-b")  # not hex: stored as its text
+    rstore.begin(b)
+    assert rstore.settle(b, 1, Settlement.UNKNOWN) is TransitionResult.OK
+    unknown = _raw(rstore, "w-2")
+    assert (unknown.status, unknown.owner, unknown.owner_text) == ("unknown", b"tok-b", "tok-b")
+
+    c = _request("w-3")
+    rstore.begin(c)
+    assert rstore.settle(c, 1, Settlement.RELEASE) is TransitionResult.OK
+    tomb = _raw(rstore, "w-3")
+    assert (tomb.status, tomb.owner_text, tomb.released) == (
+        "released",
+        c.token,
+        (layout.pack_token(c.token),),
+    )
+    d = _request("w-3")
+    assert rstore.begin(d).kind is BeginKind.STARTED
+    assert _raw(rstore, "w-3").released == tomb.released  # kept under the next record
+    assert rstore.settle(d, 1, Settlement.RELEASE) is TransitionResult.OK
+    assert _raw(rstore, "w-3").released == (layout.pack_token(c.token), layout.pack_token(d.token))
+
+    e = _request("w-4")
+    assert rstore.commit(e, 3, None, None) is TransitionResult.RECREATED
+    recreated = _raw(rstore, "w-4")
+    assert (recreated.status, recreated.attempt, recreated.stored, recreated.begun_ms) == (
+        "committed",
+        3,
+        False,
+        None,
+    )
+    assert rstore.settle(_request("w-5"), 2, Settlement.UNKNOWN) is TransitionResult.RECREATED
+    assert (_raw(rstore, "w-5").status, _raw(rstore, "w-5").attempt) == ("unknown", 2)
+
+    result = rstore.resolve(
+        "w-2", Status.COMMITTED, expect_key=KEY, expect_owner="tok-b", value=b"v", mac=b"m"
+    )
+    assert result is TransitionResult.OK
+    resolved = _raw(rstore, "w-2")
+    assert (resolved.status, resolved.value, resolved.mac, resolved.attempt) == ("committed", b"v", b"m", 1)
+    assert resolved.owner_text.startswith("operator:") and resolved.owner.endswith(b"\x00")
+    assert rstore.resolve("w-1", Settlement.RELEASE, expect_status=Status.COMMITTED) is TransitionResult.OK
+    assert _raw(rstore, "w-1").status == "released"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tool=small, value=st.binary(max_size=5000), mac=small, token=ids)
+def test_what_commit_writes_parses_and_what_python_packs_begin_reads(
+    rstore: RedisEffectStore, tool: bytes, value: bytes, mac: bytes, token: str
+) -> None:
+    client = rstore.client
+    key = rstore.key(f"x-{secrets.token_hex(4)}")
+    packed_key, packed_token = layout.pack_key(KEY), layout.pack_token(token)
+    commit = (packed_token, "1", value, mac, 60_000, 1_700_000_000_000, packed_key, tool, 4)
+    assert client.eval(script_source("commit"), 1, key, *commit) == b"recreated"
+    record = parse(client.get(key))  # type: ignore[arg-type]
+    assert (record.tool, record.value, record.mac, record.owner_text, record.attempt) == (
+        tool,
+        value,
+        mac,
+        token,
+        4,
+    )
+
+    packed = pack(dataclasses.replace(record, attempt=7, released=(b"x", packed_token + b"!")))
+    client.set(key, packed)
+    begin = (packed_key, tool, b"other", "0", 60_000, 1)
+    assert client.eval(script_source("begin"), 1, key, *begin) == [b"committed", 7, value, mac]
+    other = (packed_key, tool + b"?", b"other", "0", 60_000, 1)
+    assert client.eval(script_source("begin"), 1, key, *other) == [
+        b"mismatch",
+        7,
+        None,
+        None,
+        tool,
+        packed_key,
+    ]
+    late = (packed_key, tool, b"x", "0", 60_000, 1)
+    assert client.eval(script_source("begin"), 1, key, *late) == [b"released", 0]
+    assert client.get(key) == packed  # nothing written by any of them
+
+
+def _variants(data: bytes) -> Iterator[bytes]:
+    """``data`` cut at every length, and each header byte replaced by a few others."""
+    for end in range(len(data) + 1):
+        yield data[:end]
+    header = data.index(b";") + 1
+    for at in range(header + 1):
+        for byte in b"a,;x90\x00":
+            yield data[:at] + bytes([byte]) + data[at + 1 :]
+
+
+def test_the_scripts_and_python_agree_on_what_is_a_record(rstore: RedisEffectStore) -> None:
+    client = rstore.client
+    record = StoredRecord(
+        "committed",
+        12,
+        1_700_000_000_000,
+        1_700_000_000_001,
+        True,
+        b"o" * 16,
+        layout.pack_key(KEY),
+        TOOL.encode(),
+        b"mac",
+        (b"t1", b"t22"),
+        b"val",
+    )
+    begin = (layout.pack_key(KEY), TOOL, b"token", "0", 60_000, 1)
+    source = script_source("begin")
+    seen = 0
+    for i, variant in enumerate(_variants(pack(record))):
+        key = rstore.key(f"v-{i}")
+        client.set(key, variant)
+        reply = client.eval(source, 1, key, *begin)
+        try:
+            parse(variant)
+        except layout.LayoutError as exc:
+            assert reply[0] == b"corrupt", (variant, reply)
+            assert reply[4].decode() in str(exc), (variant, reply, exc)
+            assert client.get(key) == variant  # left as it is
+            seen += 1
+        else:
+            assert reply[0] != b"corrupt", (variant, reply)
+    assert seen > 50
+
+
+# -- a record of an earlier release: a hash -------------------------------------------------------------
+def _old_record(store: RedisEffectStore, tool_call_id: str, **fields: Any) -> None:
+    mapping = {
+        "status": "unknown",
+        "key": KEY,
+        "tool": TOOL,
+        "owner": "ab" * 16,
+        "attempt": "2",
+        "begun": "5",
+    }
+    mapping.update(fields)
+    store.client.hset(store.key(tool_call_id), mapping=dict(mapping))  # type: ignore[arg-type]
+    store.client.pexpire(store.key(tool_call_id), 60_000)
+
+
+def test_a_hash_is_refused_as_a_record_of_an_earlier_release(rstore: RedisEffectStore) -> None:
+    _old_record(rstore, "old-1")
+    runs: list[int] = []
+
+    @EffectGuard(rstore).wrap
+    def charge(cents: int) -> int:
+        runs.append(cents)
+        return cents
+
+    with tool_call_context("old-1"), pytest.raises(EffectRefused) as refused:
+        charge(5)
+    assert refused.value.reason == "record_corrupt" and "earlier airlock-redis release" in str(refused.value)
+    assert runs == []
+    with pytest.raises(CorruptRecordError, match="earlier airlock-redis release"):
+        rstore.get("old-1")
+    view = read_record(rstore.client, rstore.namespace, "old-1")
+    assert view is not None and layout.OLD_LAYOUT in view.problems
+    assert (view.status, view.idempotency_key, view.owner, view.attempt) == ("unknown", KEY, "ab" * 16, 2)
+    listed = list_records(rstore.client, rstore.namespace).records
+    assert [(v.tool_call_id, v.problems) for v in listed] == [("old-1", view.problems)]
+    a = _request("old-1")
+    with pytest.raises(CorruptRecordError):
+        rstore.commit(a, 1, b"v", None)
+    with pytest.raises(CorruptRecordError):
+        rstore.settle(a, 1, Settlement.UNKNOWN)
+    assert rstore.client.type(rstore.key("old-1")) == b"hash"  # nothing changed it
+
+
+@pytest.mark.parametrize(
+    ("key", "owner"),
+    [(KEY, "ab" * 16), ("k" * 70, "tok-1"), ("K" * 64, "operator:0123456789abcdef"), ("", "short")],
+)
+def test_resolve_acts_on_a_hash_fenced_on_its_fields(rstore: RedisEffectStore, key: str, owner: str) -> None:
+    _old_record(rstore, "old-2", key=key, owner=owner)
+    fence: dict[str, Any] = {"expect_key": key or None, "expect_status": Status.UNKNOWN}
+    moved = rstore.resolve("old-2", Status.COMMITTED, **fence, expect_owner="someone else", value=b"v")
+    assert moved is TransitionResult.CHANGED
+    assert rstore.client.type(rstore.key("old-2")) == b"hash"
+    if key:
+        wrong = rstore.resolve("old-2", Status.COMMITTED, expect_key="0" * 64, value=b"v")
+        assert wrong is TransitionResult.MISMATCH
+    result = rstore.resolve("old-2", Status.COMMITTED, **fence, expect_owner=owner, value=b"v", mac=b"m")
+    assert result is TransitionResult.OK
+    record = rstore.get("old-2")
+    assert record is not None
+    assert (record.status, record.idempotency_key, record.tool, record.attempt) == (
+        Status.COMMITTED,
+        key,
+        TOOL,
+        2,
+    )
+    assert (record.value, record.mac, record.begun_ms) == (b"v", b"m", 5)
+    assert record.ttl_ms is not None and record.ttl_ms > 60_000  # the committed TTL
+
+
+def test_a_released_hash_is_no_record_and_releasing_a_hash_frees_the_call(rstore: RedisEffectStore) -> None:
+    _old_record(rstore, "old-3", status="released")
+    assert rstore.get("old-3") is None
+    assert read_record(rstore.client, rstore.namespace, "old-3") is None
+    assert rstore.resolve("old-3", Settlement.RELEASE) is TransitionResult.MISSING
+    a = _request("old-3")
+    assert rstore.begin(a).kind is BeginKind.STARTED  # an earlier release's tombstone: the call is free
+    assert _raw(rstore, "old-3").owner_text == a.token
+
+    _old_record(rstore, "old-4")
+    assert rstore.resolve("old-4", Settlement.RELEASE, expect_key=KEY) is TransitionResult.OK
+    assert rstore.get("old-4") is None
+    assert rstore.begin(_request("old-4")).kind is BeginKind.STARTED
+
+
+def test_another_type_is_reported_and_never_overwritten(rstore: RedisEffectStore) -> None:
+    key = rstore.key("list-1")
+    rstore.client.rpush(key, b"x")
+    assert rstore.client.eval(script_source("begin"), 1, key, b"k", TOOL, b"t", "1", 60_000, 1)[4] == (
+        b"the key holds a list, not a record"
+    )
+    with pytest.raises(CorruptRecordError, match="holds a list"):
+        rstore.get("list-1")
+    with pytest.raises(CorruptRecordError):
+        rstore.resolve("list-1", Settlement.RELEASE)
+    view = read_record(rstore.client, rstore.namespace, "list-1")
+    assert view is not None and view.problems == ("the key holds a list, not a record",)
+    assert rstore.client.lrange(key, 0, -1) == [b"x"]
+
+
+# -- operators' views ------------------------------------------------------------------------------------
+def test_a_listing_reads_heads_only_and_reads_long_fields_again(rstore: RedisEffectStore) -> None:
+    tool = "t" * 700  # the fields run past the first bytes a listing reads
+    request = BeginRequest("long-1", KEY, tool, secrets.token_hex(16), False)
+    rstore.begin(request)
+    rstore.commit(request, 1, b"v" * 3000, None)
+    [view] = list_records(rstore.client, rstore.namespace).records
+    assert (view.tool, view.idempotency_key, view.value_bytes, view.value) == (tool, KEY, 3000, None)
+    full = read_record(rstore.client, rstore.namespace, "long-1")
+    assert full is not None and (full.tool, full.value, full.value_bytes) == (tool, b"v" * 3000, 3000)
+    assert [p.partition(" (")[0] for p in full.problems] == ["value does not decode"]  # not a codec value
+
+
+# -- memory -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [8, 200, 1024, 4096])
+def test_a_committed_record_costs_at_most_200_bytes_beyond_its_result(
+    rstore: RedisEffectStore, size: int
+) -> None:
+    """MEMORY USAGE (SAMPLES 0) of a committed record, less that of a plain string of the same result
+    under the same key: the header, the packed token and key, the tool name, allocator rounding."""
+    client = rstore.client
+    value = secrets.token_bytes(size)
+    request = _request("mem-1")
+    rstore.begin(request)
+    rstore.commit(request, 1, value, None)
+    key = rstore.key("mem-1")
+    record_bytes = client.memory_usage(key, samples=0)
+    client.set(key, value)
+    plain_bytes = client.memory_usage(key, samples=0)
+    assert isinstance(record_bytes, int) and isinstance(plain_bytes, int)
+    assert record_bytes - plain_bytes <= 200, (size, record_bytes, plain_bytes)
+
+
+def test_a_tenant_without_hash_commands_still_refuses_a_hash(
+    redis_server: EmbeddedRedis, namespace: str
+) -> None:
+    """TYPE and HMGET serve only the rare key that holds no string; without them the guard still fails
+    closed (an ACL error), and the common path needs neither."""
+    admin = redis_server.client()
+    user = f"u{secrets.token_hex(4)}"
+    commands = ["-@all", "+evalsha", "+script|load", "+get", "+set", "+pexpire", "+pttl", "+ping"]
+    admin.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=[f"{namespace}:*"], commands=commands, reset=True
+    )
+    try:
+        scheme, _, rest = redis_server.url.partition("://")
+        store = RedisEffectStore(f"{scheme}://{user}:pw@{rest}", namespace=namespace)
+        guard = EffectGuard(store)
+        with tool_call_context("ok-1"):
+            assert guard.wrap(lambda: 1, name="charge")() == 1
+        admin.hset(store.key("old-9"), "status", "committed")
+        with tool_call_context("old-9"), pytest.raises(EffectRefused):
+            guard.wrap(lambda: 2, name="charge")()
+        store.close()
+    finally:
+        admin.acl_deluser(user)
+        admin.close()
+
+
+def test_no_script_calls_a_hash_command_on_the_common_path(
+    redis_server: EmbeddedRedis, rstore: RedisEffectStore
+) -> None:
+    """A guarded call that begins and commits costs one GET and one SET inside each script."""
+    client = redis_server.client()
+    client.config_resetstat()
+    with tool_call_context("path-1"):
+        assert EffectGuard(rstore).wrap(lambda: 1, name="charge")() == 1
+    stats: dict[str, Any] = client.info("commandstats")
+    called = {name.removeprefix("cmdstat_"): row["calls"] for name, row in stats.items()}
+    assert called.get("get") == 2 and called.get("set") == 2, called
+    assert not {"type", "hmget", "hset", "pexpire", "del", "exists"} & set(called), called
+    client.close()
+
+
+def test_binary_fields_round_trip_through_the_store(rstore: RedisEffectStore) -> None:
+    request = BeginRequest("bin-1", KEY, "tøøl\x00;,", secrets.token_hex(16), False)
+    rstore.begin(request)
+    assert rstore.commit(request, 1, b"\xff\x00;", b"\x00") is TransitionResult.OK
+    record = rstore.get("bin-1")
+    assert record is not None and (record.tool, record.value, record.mac) == (
+        "tøøl\x00;,",
+        b"\xff\x00;",
+        b"\x00",
+    )
+    assert rstore.begin(request).kind is BeginKind.COMMITTED
