@@ -331,6 +331,8 @@ def _parse_cursor(cursor: str | None) -> tuple[int, int, int]:
         node, position, skip = (int(p) for p in parts)
     except ValueError:
         raise ValueError(f"not a cursor from a previous list: {cursor!r}") from None
+    if node < 0 or position < 0 or skip < 0:
+        raise ValueError(f"not a cursor from a previous list: {cursor!r}")
     return node, position, skip
 
 
@@ -349,8 +351,10 @@ def list_records(
     cursor:records of that batch already shown``); like SCAN itself, a record may show up twice."""
     if limit <= 0 or scan_count <= 0 or max_scanned <= 0:
         raise ValueError("limit, scan count and max scanned must be positive")
-    nodes = scan_nodes(client)
     node_index, position, skip = _parse_cursor(cursor)
+    nodes = scan_nodes(client)
+    if node_index >= len(nodes):  # a page never names a server the deployment does not have
+        raise ValueError(f"not a cursor from a previous list of this deployment: {cursor!r}")
     pattern = record_pattern(namespace)
     found: list[RecordView] = []
     scanned = 0

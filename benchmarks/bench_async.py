@@ -19,6 +19,7 @@ import asyncio
 import json
 import platform
 import secrets
+import statistics
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -36,13 +37,19 @@ RESULT: dict[str, object] = {"status": "ok", "charge_id": "ch_0123456789abcdef",
 
 @dataclass(frozen=True)
 class Level:
+    """One concurrency level: the medians over rounds, and the ratio guarded/floor taken round by
+    round (both measured back to back, so the machine's noise hits both alike) with its median."""
+
     concurrency: int
     calls: int
     floor_calls_per_s: float
     guarded_calls_per_s: float
+    ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
+        if self.ratios:
+            return statistics.median(self.ratios)
         return self.guarded_calls_per_s / self.floor_calls_per_s
 
 
@@ -90,10 +97,11 @@ async def measure_level(
     await drive(warmup, concurrency, floor_call)
     await drive(warmup, concurrency, guarded_call(f"warm-{run}-{concurrency}"))
     floor, guarded = [], []
-    for r in range(rounds):  # interleaved, best of each: less sensitive to a noisy neighbour
+    for r in range(rounds):  # interleaved: each round's ratio compares neighbours in time
         floor.append(await drive(calls, concurrency, floor_call))
         guarded.append(await drive(calls, concurrency, guarded_call(f"g-{run}-{concurrency}-{r}")))
-    return Level(concurrency, calls, max(floor), max(guarded))
+    ratios = tuple(g / f for g, f in zip(guarded, floor, strict=True))
+    return Level(concurrency, calls, statistics.median(floor), statistics.median(guarded), ratios)
 
 
 async def measure(url: str, levels: Sequence[int], calls: int, rounds: int, warmup: int) -> list[Level]:
@@ -106,13 +114,14 @@ async def measure(url: str, levels: Sequence[int], calls: int, rounds: int, warm
 
 def report(levels: Sequence[Level], out: Any = sys.stdout) -> None:
     print(
-        f"{'concurrency':>11}  {'floor calls/s':>14}  {'guarded calls/s':>16}  {'guarded/floor':>13}",
+        f"{'concurrency':>11}  {'floor calls/s':>14}  {'guarded calls/s':>16}  {'guarded/floor':>13}  range",
         file=out,
     )
     for level in levels:
         print(
             f"{level.concurrency:>11}  {level.floor_calls_per_s:>14,.0f}  "
-            f"{level.guarded_calls_per_s:>16,.0f}  {level.ratio:>13.2f}",
+            f"{level.guarded_calls_per_s:>16,.0f}  {level.ratio:>13.2f}  "
+            f"{min(level.ratios, default=level.ratio):.2f}-{max(level.ratios, default=level.ratio):.2f}",
             file=out,
         )
 
@@ -125,6 +134,7 @@ def figures(levels: Sequence[Level], args: argparse.Namespace) -> dict[str, Any]
         "transport": "tcp" if args.tcp else "unix",
         "python": platform.python_version(),
         "levels": [{**asdict(level), "ratio": level.ratio} for level in levels],
+        "how": "medians over rounds; the ratio is guarded/floor per round, its median reported",
     }
 
 
@@ -134,7 +144,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--levels", type=int, nargs="+", default=list(DEFAULT_LEVELS), help="concurrency levels"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per level; the best is kept")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="rounds per level: medians, ratios taken round by round (default 5)",
+    )
     parser.add_argument("--warmup", type=int, default=200, help="warm-up calls per level")
     parser.add_argument("--tcp", action="store_true", help="loopback TCP instead of a unix socket")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")

@@ -254,3 +254,22 @@ def test_bench_sweep_refuses_what_is_not_a_list_of_process_counts(
 ) -> None:
     assert cli_main(["bench", "--sweep", sweep, "--calls", "1"]) == 2
     assert "--sweep takes" in capsys.readouterr().err
+
+
+def test_sizing_derives_primaries_and_memory_from_the_measured_figures() -> None:
+    """benchmarks/sizing.py: calls/s per primary = 1 / CPU per call at half a core; memory = rate x
+    TTL x record size."""
+    from benchmarks import sizing
+
+    cpu = [{"result_bytes": 200, "server_cpu_us_per_call": 50.0, "server_us_per_call": 20.0}]
+    memory = {"200": {"record": 400.0, "beyond": 96.0}}
+    d = sizing.derived(cpu, memory)
+    assert d["calls_per_s_per_primary_core"] == 20_000 and d["planned_calls_per_s_per_primary"] == 10_000
+    by_rate = {row["calls_per_s"]: row for row in d["rows"]}
+    assert by_rate[1_000]["records_kept"] == 1_000 * 24 * 3600
+    assert math.isclose(by_rate[1_000]["gb"], 1_000 * 24 * 3600 * 400 / 1e9)
+    assert [by_rate[r]["primaries_for_cpu"] for r in (100, 1_000, 10_000)] == [1, 1, 1]
+    assert (
+        sizing.derived([{**cpu[0], "server_cpu_us_per_call": 500.0}], memory)["rows"][2]["primaries_for_cpu"]
+        == 10
+    )

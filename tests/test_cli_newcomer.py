@@ -162,6 +162,8 @@ def test_doctor_on_a_redis_that_does_not_answer_is_unsafe() -> None:
         (["list", "--older-than", "soon"], "not a duration"),
         (["list", "--limit", "0"], "must be 1 or more"),
         (["list", "--cursor", "nonsense"], "not a cursor from a previous list"),
+        (["list", "--cursor", "9:0:0"], "not a cursor from a previous list of this deployment"),
+        (["list", "--cursor", "0:-1:0"], "not a cursor from a previous list"),
         (["inspect", "   "], "the tool_call_id is blank"),
         (["inspect", ""], "the tool_call_id is empty"),
         (["inspect", "call-1", "--preview-chars", "-1"], "must be 0 or more"),
