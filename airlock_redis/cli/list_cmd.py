@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {redact(str(exc))}", file=sys.stderr)
             return EXIT_STORE_ERROR
         except ValueError as exc:  # the arguments: a cursor no list printed
-            print(f"error: {redact(str(exc))}", file=sys.stderr)
+            print(f"error: {redact(str(exc))} (see airlock-redis list --help)", file=sys.stderr)
             return EXIT_USAGE
     records = page.records
     if args.json:
