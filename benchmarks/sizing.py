@@ -42,6 +42,7 @@ HEADROOM = 0.5  # share of a primary's core a sizing plans to use
 RATES = (100, 1_000, 10_000)  # guarded calls/s in the derived table
 TTL_HOURS = 24  # the committed TTL's default
 SIZED_RESULT = 200  # result size the derived table assumes
+GB_PER_PRIMARY = 25  # memory a sizing plans per primary (the dataset, not the machine's RAM)
 
 
 def cpu_by_result_size(url: str, calls: int) -> list[dict[str, Any]]:
@@ -92,6 +93,7 @@ def derived(cpu: list[dict[str, Any]], memory: dict[str, Any]) -> dict[str, Any]
                 "records_kept": kept,
                 "gb": gigabytes,
                 "primaries_for_cpu": max(1, -(-rate // int(planned_per_primary))),
+                "primaries_for_memory": max(1, -(-int(gigabytes) // GB_PER_PRIMARY)),
             }
         )
     return {
@@ -124,9 +126,23 @@ def markdown(report: dict[str, Any]) -> str:
         [f"{size} B", f"{v['record']:.0f} B", f"{v['beyond']:.0f} B"]
         for size, v in report["memory_by_result_size"].items()
     ]
-    size_rows = [["guarded calls/s", f"records kept ({d['ttl_hours']} h)", "memory", "primaries (CPU)"]]
+    size_rows = [
+        [
+            "guarded calls/s",
+            f"records kept ({d['ttl_hours']} h)",
+            "memory",
+            "primaries for CPU",
+            f"primaries for memory ({GB_PER_PRIMARY} GB each)",
+        ]
+    ]
     size_rows += [
-        [f"{r['calls_per_s']:,}", f"{r['records_kept']:,}", f"{r['gb']:.1f} GB", str(r["primaries_for_cpu"])]
+        [
+            f"{r['calls_per_s']:,}",
+            f"{r['records_kept']:,}",
+            f"{r['gb']:.1f} GB",
+            str(r["primaries_for_cpu"]),
+            str(r["primaries_for_memory"]),
+        ]
         for r in d["rows"]
     ]
     single = [SweepPoint(**p) for p in report["sweep_single"]]
@@ -150,8 +166,8 @@ def markdown(report: dict[str, Any]) -> str:
             "guarded calls/s; "
             f"planning at {HEADROOM:.0%} of a core gives {d['planned_calls_per_s_per_primary']:,.0f} per "
             f"primary. A record takes {d['record_bytes']:.0f} B and is kept {d['ttl_hours']} h "
-            "(the committed TTL), so memory = rate x TTL x record size. Replicas double the memory, not the "
-            "primaries.",
+            "(the committed TTL), so memory = rate x TTL x record size. The primaries needed are the larger "
+            "of the two columns; each replica holds a full copy of its primary's records.",
             _md_table(size_rows),
         ]
     )
@@ -162,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/sizing"), help="path stem")
     parser.add_argument("--calls", type=int, default=4000, help="calls per CPU measurement (default 4000)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per sweep point (default 5)")
+    parser.add_argument("--from-json", type=Path, help="only redo the derived table and text from a report")
     args = parser.parse_args(argv)
+    if args.from_json is not None:
+        saved: dict[str, Any] = json.loads(args.from_json.read_text(encoding="utf-8"))
+        saved["derived"] = derived(saved["cpu_by_result_size"], saved["memory_by_result_size"])
+        Path(f"{args.out}.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
+        Path(f"{args.out}.md").write_text(markdown(saved) + "\n", encoding="utf-8")
+        return 0
     from tests.topologies import ClusterTopology  # the harness that starts a local Cluster
 
     report: dict[str, Any] = {
