@@ -497,7 +497,19 @@ def restore_sentinel_replica(topology: SentinelTopology, old: RedisProcess, new:
     seconds later: they convert a returning old primary only after their next checks).
 
     The sentinels may still reconfigure the returning node while it syncs (their view of it is stale
-    for a moment), so the REPLICAOF is repeated, a bounded number of times, until the link holds."""
+    for a moment), so the REPLICAOF is repeated, a bounded number of times, until the link holds.
+
+    It starts as a replica (``--replicaof`` on its command line), never as a master: without
+    persistence it comes back empty, and an empty node that answers as a master for a moment is the
+    Redis hazard of a primary restarted with persistence off: a sentinel whose view still lags can
+    make the promoted node replicate from it, which empties the promoted node (seen once in a CI run
+    of test_sentinel_primary_killed_between_begin_and_commit: every record gone after the restore,
+    and the sentinels naming a node that had become a replica)."""
+    args = old.args
+    if "--replicaof" in args:  # drop the one it may have been started with
+        at = args.index("--replicaof")
+        del args[at : at + 3]
+    args += ["--replicaof", HOST, str(new.port)]
     old.start()
     for attempt in range(1, 4):
         with old.client() as c:
