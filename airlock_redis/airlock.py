@@ -117,7 +117,7 @@ def _check_agent_airlock() -> None:
 
 _check_agent_airlock()
 
-from .approval import ApprovalRequest, approve, approve_blocking  # noqa: E402
+from .approval import ApprovalRequest, approval_request, approve, approve_blocking  # noqa: E402
 from .context import current_idempotency_key  # noqa: E402
 from .core.canonical import ArgumentBinder  # noqa: E402
 from .core.codec import return_annotation  # noqa: E402
@@ -366,14 +366,7 @@ class _PolicyApprover:
 
 
 def _escalation_request(call: GuardedCall, planned: Plan, escalation: PolicyEscalation) -> ApprovalRequest:
-    return ApprovalRequest(
-        tool=call.tool,
-        tool_call_id=planned.tool_call_id,
-        idempotency_key=planned.idempotency_key,
-        arguments=call.arguments,
-        reversibility=call.reversibility,
-        why=f"escalate_tools rule {escalation.rule!r}: {escalation.reason}",
-    )
+    return approval_request(call, planned, f"escalate_tools rule {escalation.rule!r}: {escalation.reason}")
 
 
 # -- the decorator --------------------------------------------------------------------------------

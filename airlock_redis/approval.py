@@ -11,6 +11,7 @@ from typing import Any, TypeAlias
 
 from .core import refusals
 from .core.callables import is_async_callable
+from .core.gates import GuardedCall, Plan
 from .core.reversibility import Reversibility
 
 
@@ -24,6 +25,18 @@ class ApprovalRequest:
     arguments: Mapping[str, Any]
     reversibility: Reversibility
     why: str
+
+
+def approval_request(call: GuardedCall, planned: Plan, why: str) -> ApprovalRequest:
+    """The request for ``call``, once it passed the gates (``planned``), asked for ``why``."""
+    return ApprovalRequest(
+        tool=call.tool,
+        tool_call_id=planned.tool_call_id,
+        idempotency_key=planned.idempotency_key,
+        arguments=call.arguments,
+        reversibility=call.reversibility,
+        why=why,
+    )
 
 
 Approver: TypeAlias = Callable[[ApprovalRequest], "bool | Awaitable[bool]"]

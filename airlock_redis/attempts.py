@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from secrets import token_hex
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
-from .approval import ApprovalRequest
+from .approval import ApprovalRequest, approval_request
 from .context import current_idempotency_key, running_key, running_may_run_again, running_tool_call_id
 from .core import refusals
 from .core.ambiguity import AmbiguityRule
@@ -106,15 +106,7 @@ class Attempt:
         planned = self.plan
         if planned.approval_why is None:
             return None
-        call = self.call
-        return ApprovalRequest(
-            tool=call.tool,
-            tool_call_id=planned.tool_call_id,
-            idempotency_key=planned.idempotency_key,
-            arguments=call.arguments,
-            reversibility=call.reversibility,
-            why=planned.approval_why,
-        )
+        return approval_request(self.call, planned, planned.approval_why)
 
     def begin_request(self) -> BeginRequest | None:
         """The record to begin, or None when the call runs without one: it has no id (and needs

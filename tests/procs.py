@@ -20,6 +20,8 @@ import json
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -62,6 +64,37 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
     env.update(extra)
     return env
+
+
+def explain(done: subprocess.CompletedProcess[str]) -> str:
+    """A finished command line as a failure message shows it."""
+    return f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
+
+
+def one_line(text: str) -> str:
+    """The one non-blank line of ``text`` (fails when there are more, or none)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    return lines[0]
+
+
+def cli_into_head(argv: Sequence[str], lines: int, timeout: float) -> tuple[list[str], str, int]:
+    """``python -m airlock_redis <argv> | head -<lines>``: the lines head showed, what the command
+    wrote on stderr, and its exit code (the reader goes away after ``lines`` lines)."""
+    command = subprocess.Popen(
+        [sys.executable, "-m", "airlock_redis", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=PROJECT_ROOT,
+        env=child_env(),
+    )
+    assert command.stdout is not None and command.stderr is not None
+    head = subprocess.Popen(["head", f"-{lines}"], stdin=command.stdout, stdout=subprocess.PIPE)
+    command.stdout.close()  # head holds the only reading end: when it exits, the pipe is broken
+    shown, _ = head.communicate(timeout=timeout)
+    errors = command.stderr.read().decode(errors="replace")
+    command.stderr.close()
+    return shown.decode().splitlines(), errors, command.wait(timeout=timeout)
 
 
 # -- a server binary with TLS --------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from airlock_redis.cli.demo_cmd import _clean, _replica_step, _scenario
 from airlock_redis.embedded import EmbeddedRedis, free_port
 
 from .conftest import require_redis_server
-from .procs import PROJECT_ROOT, child_env
+from .procs import PROJECT_ROOT, child_env, cli_into_head, explain, one_line
 
 pytestmark = pytest.mark.redis_server
 
@@ -70,16 +70,6 @@ def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
     for stream in (done.stdout, done.stderr):
         assert "Traceback" not in stream and "Exception ignored" not in stream, explain(done)
     return done
-
-
-def explain(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-
-
-def one_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1, text
-    return lines[0]
 
 
 def keys(client: redis.Redis) -> list[bytes]:
@@ -321,22 +311,9 @@ def test_bench_draws_progress_and_a_table_on_a_terminal(server: EmbeddedRedis, c
 def test_demo_into_head_ends_quietly_and_leaves_no_key_without_a_ttl(
     server: EmbeddedRedis, client: redis.Redis
 ) -> None:
-    demo = subprocess.Popen(
-        [sys.executable, "-m", "airlock_redis", "demo", "--url", server.url, "--namespace", NS],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=PROJECT_ROOT,
-        env=child_env(),
-    )
-    assert demo.stdout is not None and demo.stderr is not None
-    head = subprocess.Popen(["head", "-2"], stdin=demo.stdout, stdout=subprocess.PIPE)
-    demo.stdout.close()  # head holds the only reading end: when it exits, the pipe is broken
-    shown, _ = head.communicate(timeout=TIMEOUT)
-    errors = demo.stderr.read().decode(errors="replace")
-    demo.stderr.close()
-    code = demo.wait(timeout=TIMEOUT)
-    assert shown.decode().splitlines()[0].startswith(f"Redis: {server.url}")
-    assert len(shown.decode().splitlines()) == 2
+    shown, errors, code = cli_into_head(["demo", "--url", server.url, "--namespace", NS], 2, TIMEOUT)
+    assert shown[0].startswith(f"Redis: {server.url}")
+    assert len(shown) == 2
     assert errors == "", errors
     assert code == 141  # the reader went away, as a shell reports it for a Unix tool
     without_ttl = [key for key in keys(client) if client.ttl(key) <= 0]

@@ -19,7 +19,7 @@ from airlock_redis import EffectGuard, RedisEffectStore, tool_call_context
 from airlock_redis.redaction import redact
 from airlock_redis.stores.url import primary_clients, sync_client
 
-from .procs import PROJECT_ROOT, child_env
+from .procs import PROJECT_ROOT, child_env, explain, one_line
 from .topologies import HOST, free_ports, shared_cluster, shared_sentinel
 
 pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
@@ -41,16 +41,6 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     assert "Traceback" not in done.stderr, done.stderr
     assert "Traceback" not in done.stdout, done.stdout
     return done
-
-
-def explain(done: subprocess.CompletedProcess[str]) -> str:
-    return f"exit {done.returncode}\n--- stdout\n{done.stdout}\n--- stderr\n{done.stderr}"
-
-
-def one_line(text: str) -> str:
-    lines = [line for line in text.splitlines() if line.strip()]
-    assert len(lines) == 1, text
-    return lines[0]
 
 
 @pytest.fixture(params=FORMS)

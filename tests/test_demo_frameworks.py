@@ -22,7 +22,7 @@ from airlock_redis.cli import demo_cmd, main
 from airlock_redis.core.errors import MODEL_MESSAGES
 from airlock_redis.embedded import EmbeddedRedis
 from tests.conftest import require_redis_server
-from tests.procs import PROJECT_ROOT, child_env
+from tests.procs import PROJECT_ROOT, child_env, cli_into_head
 
 pytestmark = pytest.mark.redis_server
 
@@ -133,31 +133,8 @@ def test_a_reader_that_goes_away_ends_the_framework_demo_quietly(
     redis_server: EmbeddedRedis, namespace: str
 ) -> None:
     framework = ("--framework", "langchain")
-    run = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "airlock_redis",
-            "demo",
-            *framework,
-            "--url",
-            redis_server.url,
-            "--namespace",
-            namespace,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=PROJECT_ROOT,
-        env=child_env(),
-    )
-    assert run.stdout is not None and run.stderr is not None
-    head = subprocess.Popen(["head", "-4"], stdin=run.stdout, stdout=subprocess.PIPE)
-    run.stdout.close()  # head holds the only reading end: when it exits, the pipe is broken
-    shown, _ = head.communicate(timeout=TIMEOUT)
-    errors = run.stderr.read().decode(errors="replace")
-    run.stderr.close()
-    code = run.wait(timeout=TIMEOUT)
-    lines = shown.decode().splitlines()
+    argv = ["demo", *framework, "--url", redis_server.url, "--namespace", namespace]
+    lines, errors, code = cli_into_head(argv, 4, TIMEOUT)
     assert len(lines) == 4 and lines[3].startswith("1. charge_card"), lines
     assert errors == "", errors
     assert code == 141
