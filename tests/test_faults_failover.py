@@ -167,19 +167,20 @@ def _count(values: Any) -> dict[str, int]:
     return counts
 
 
-def assert_never_twice_with_wait_replicas(history: History, waited_ids: list[str]) -> None:
+def assert_never_twice_with_wait_replicas(history: History, waited_ids: list[str], logs: str = "") -> None:
+    """``logs``: the servers' and sentinels' logs, shown if a retry was refused (who named which node)."""
     for tool_call_id in waited_ids:
         assert history.runs[tool_call_id] == 1, (tool_call_id, history.of(tool_call_id))
         outcomes = history.of(tool_call_id)
         assert [o.result for o in outcomes if o.phase == "first"] == ["executed"]  # the caller got its value
         retries = [o.result for o in outcomes if o.phase == "retry"]
-        assert len(retries) == 2 and all(r in ONCE for r in retries), outcomes
+        assert len(retries) == 2 and all(r in ONCE for r in retries), f"{outcomes}\n{logs}"
 
 
-def assert_the_window_was_measured(history: History, plain_ids: list[str]) -> None:
+def assert_the_window_was_measured(history: History, plain_ids: list[str], logs: str = "") -> None:
     retries = [o for i in plain_ids for o in history.of(i) if o.phase == "retry"]
     assert len(retries) == 2 * len(plain_ids)
-    assert all(o.result in (*ONCE, "executed") for o in retries), retries
+    assert all(o.result in (*ONCE, "executed") for o in retries), f"{retries}\n{logs}"
     # at most one re-run per id: the first retry that found no record ran it, the second one replays
     assert all(history.runs[i] <= 2 for i in plain_ids)
 
@@ -224,6 +225,7 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
             new = topology.wait_for_failover(old, timeout=60)
             promoted.append(new)
             restore_sentinel_replica(topology, old, new)
+            topology.wait_writable()
 
         history, _ = kill_between_begin_and_commit(
             topology.url,
@@ -234,8 +236,8 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
             recover,
             "sentinel kill -9 between begin and commit",
         )
-        assert_never_twice_with_wait_replicas(history, waited_ids)
-        assert_the_window_was_measured(history, plain_ids)
+        assert_never_twice_with_wait_replicas(history, waited_ids, topology.logs(6000))
+        assert_the_window_was_measured(history, plain_ids, topology.logs(6000))
 
         # -- the window opened: the new primary's replica lags behind --------------------------
         primary, replica = promoted[0], old
@@ -257,6 +259,7 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
             new = topology.wait_for_failover(primary, timeout=60)
             assert new is replica
             restore_sentinel_replica(topology, primary, new)
+            topology.wait_writable()
 
         pause_replica_behind_ballast()
         try:
@@ -277,7 +280,7 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
         firsts = [o.result for i in lag_waited for o in lag_history.of(i) if o.phase == "first"]
         assert firsts == ["refused:store_unavailable"] * K, firsts
         assert all(lag_history.runs[i] <= 1 for i in lag_waited)
-        assert_the_window_was_measured(lag_history, lag_plain)
+        assert_the_window_was_measured(lag_history, lag_plain, topology.logs(6000))
         print(
             "[fault-measure] lagging replica, no wait_replicas: "
             f"{measured['retries_that_ran_again']['none']} "
@@ -314,8 +317,8 @@ def test_cluster_primary_killed_between_begin_and_commit() -> None:
             recover,
             "cluster kill -9 between begin and commit",
         )
-        assert_never_twice_with_wait_replicas(history, waited_ids)
-        assert_the_window_was_measured(history, plain_ids)
+        assert_never_twice_with_wait_replicas(history, waited_ids, cluster.logs(6000))
+        assert_the_window_was_measured(history, plain_ids, cluster.logs(6000))
         check = RedisEffectStore(cluster.url, namespace=ns)
         for tool_call_id in waited_ids:
             record = check.get(tool_call_id)

@@ -275,8 +275,9 @@ class _Topology:
                 process.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
-    def logs(self) -> str:
-        return "\n".join(p.log_tail(600) for p in self.processes)
+    def logs(self, chars: int = 600) -> str:
+        """The tail (``chars``) of every process's log."""
+        return "\n".join(p.log_tail(chars) for p in self.processes)
 
     def start(self, timeout: float = 60.0) -> Self:
         raise NotImplementedError
@@ -571,6 +572,22 @@ class SentinelTopology(_Topology):
 
         wait_until(f"the sentinels to promote {new.name}", promoted, timeout, on_fail=self.logs())
         return new
+
+    def wait_writable(self, timeout: float = 30.0) -> None:
+        """Wait until a write through the sentinels lands: the node they name answers as a primary.
+
+        After a restore the sentinels may still reconfigure a node (a CI run saw every retry refused
+        with "The previous master is now a slave" right after one); a test that measures the guard,
+        not how fast sentinels settle, waits for this before its retries."""
+        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+            [s.address for s in self.sentinels if s.alive], socket_timeout=2, socket_connect_timeout=2
+        )
+
+        def writable() -> bool:
+            with sentinel.master_for(self.service, socket_timeout=2) as primary:  # type: ignore[no-untyped-call]
+                return bool(primary.set("airlock-test:writable", b"1", px=10_000))
+
+        wait_until("a write through the sentinels", writable, timeout, on_fail=self.logs())
 
 
 # -- TLS -----------------------------------------------------------------------------------------
