@@ -170,7 +170,9 @@ def script_sha(name: str) -> bytes:
 
 
 def is_script_call(name: str) -> Callable[[list[bytes]], bool]:
-    """A request predicate: EVAL/EVALSHA of one of our Lua transitions."""
+    """A request predicate: EVAL/EVALSHA of one of our Lua transitions. For ``begin``, also the
+    ``SET ... NX PX`` a begin sends first where the key may hold nothing (the store's no-script path):
+    a fault aimed at the begin step hits whichever form the begin takes."""
     sha = script_sha(name)
     source = script_source(name).encode("utf-8")
 
@@ -178,6 +180,8 @@ def is_script_call(name: str) -> Callable[[list[bytes]], bool]:
         if len(args) < 2:
             return False
         command = args[0].upper()
+        if name == "begin" and command == b"SET" and b"NX" in (a.upper() for a in args[3:]):
+            return True
         return (command == b"EVALSHA" and args[1] == sha) or (command == b"EVAL" and args[1] == source)
 
     return match

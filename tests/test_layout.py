@@ -455,15 +455,42 @@ def test_a_tenant_without_hash_commands_still_refuses_a_hash(
 def test_no_script_calls_a_hash_command_on_the_common_path(
     redis_server: EmbeddedRedis, rstore: RedisEffectStore
 ) -> None:
-    """A guarded call that begins and commits costs one GET and one SET inside each script."""
+    """A guarded call on a new id costs one plain SET NX (the begin, no script) and one script that
+    does one GET and one SET (the commit)."""
     client = redis_server.client()
     client.config_resetstat()
     with tool_call_context("path-1"):
         assert EffectGuard(rstore).wrap(lambda: 1, name="charge")() == 1
     stats: dict[str, Any] = client.info("commandstats")
     called = {name.removeprefix("cmdstat_"): row["calls"] for name, row in stats.items()}
-    assert called.get("get") == 2 and called.get("set") == 2, called
+    assert called.get("evalsha") == 1 and called.get("get") == 1 and called.get("set") == 2, called
     assert not {"type", "hmget", "hset", "pexpire", "del", "exists"} & set(called), called
+    client.close()
+
+
+@pytest.mark.parametrize("tool", ["charge", "tøøl"])
+def test_a_begin_on_a_new_key_writes_what_the_script_writes(
+    redis_server: EmbeddedRedis, rstore: RedisEffectStore, tool: str
+) -> None:
+    """The begin's SET NX (ASCII tool names; others go through the script) writes the record the
+    begin script writes where the key holds nothing, byte for byte but for the time it began."""
+    client = redis_server.client()
+    token, key = secrets.token_hex(16), secrets.token_hex(32)
+    client.config_resetstat()
+    assert rstore.begin(BeginRequest("fast-1", key, tool, token, False)).kind is BeginKind.STARTED
+    scripts = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert scripts == (0 if tool.isascii() else 1)
+    args = (layout.pack_key(key), tool, layout.pack_token(token), "0", 60_000, 1_700_000_000_000)
+    assert client.eval(script_source("begin"), 1, rstore.key("script-1"), *args) == [b"started", 1]
+    fast_raw, scripted_raw = client.get(rstore.key("fast-1")), client.get(rstore.key("script-1"))
+    assert isinstance(fast_raw, bytes) and isinstance(scripted_raw, bytes)
+    fast, scripted = layout.parse(fast_raw), layout.parse(scripted_raw)
+    assert dataclasses.replace(fast, begun_ms=0) == dataclasses.replace(scripted, begun_ms=0)
+    assert fast.begun_ms is not None and fast.begun_ms > 1_700_000_000_000
+    # the same attempt again (a re-send) and another attempt go through the script, as before
+    assert rstore.begin(BeginRequest("fast-1", key, tool, token, False)).kind is BeginKind.STARTED
+    other = rstore.begin(BeginRequest("fast-1", key, tool, secrets.token_hex(16), False))
+    assert (other.kind, other.attempt) == (BeginKind.PENDING, 1)
     client.close()
 
 

@@ -38,7 +38,7 @@ from ..redaction import redact, without_password
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
-from .layout import OLD_LAYOUT, pack_key, pack_token
+from .layout import OLD_LAYOUT, StoredRecord, pack, pack_key, pack_token
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import ServerFacts
@@ -61,6 +61,9 @@ DEFAULT_URL = "redis://localhost:6379/0"
 _TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _REDIS_FAILURES = (redis.RedisError, OSError)
 log = logging.getLogger("airlock_redis")
+
+
+_STARTED_FIRST = BeginOutcome(BeginKind.STARTED, attempt=1)
 
 
 def _now_ms() -> int:
@@ -407,11 +410,39 @@ class RedisEffectStore:
         except _REDIS_FAILURES as exc:
             raise _failure(exc) from exc
 
+    def _first_record(self, request: BeginRequest) -> bytes | None:
+        """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
+        that a begin can write it with a plain ``SET NX PX`` (no script, the common case); None
+        when the tool name is not ASCII (its bytes would depend on the client's encoding)."""
+        if not request.tool.isascii():
+            return None
+        return pack(
+            StoredRecord(
+                "pending",
+                attempt=1,
+                begun_ms=_now_ms(),
+                owner=pack_token(request.token),
+                key=pack_key(request.idempotency_key),
+                tool=request.tool.encode("ascii"),
+            )
+        )
+
+    # A begin first tries SET NX: it lands only where the key holds nothing, and writes exactly what
+    # the script writes there, so "it landed" is the script's {"started", 1}. Anything else (a record,
+    # a tombstone, a re-sent begin of this attempt, a key of another type) goes to the script, which
+    # decides as before. Not with wait_replicas: a WAIT would be sent for a SET that may not land.
     def begin(self, request: BeginRequest) -> BeginOutcome:
         if not self._facts_checked:
             self.check_server()
         if self._replica_wait is not None:
             return self._begin_waited(request)
+        record = self._first_record(request)
+        if record is not None:
+            try:
+                if self.client.set(self.key(request.tool_call_id), record, nx=True, px=int(self._pending_ms)):
+                    return _STARTED_FIRST
+            except _REDIS_FAILURES as exc:
+                raise _failure(exc) from exc
         return parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request)))
 
     def commit(
@@ -484,6 +515,16 @@ class RedisEffectStore:
             await self.acheck_server()
         if self._replica_wait is not None:
             return await self._abegin_waited(request)
+        record = self._first_record(request)
+        if record is not None:
+            client = self.async_client()
+            try:
+                if await client.set(
+                    self.key(request.tool_call_id), record, nx=True, px=int(self._pending_ms)
+                ):
+                    return _STARTED_FIRST
+            except _REDIS_FAILURES as exc:
+                raise _failure(exc) from exc
         return parse_begin(await self._arun("begin", request.tool_call_id, self._begin_args(request)))
 
     async def acommit(
