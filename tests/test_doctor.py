@@ -51,6 +51,8 @@ def test_no_persistence_is_a_warning(redis_server: EmbeddedRedis, capsys: pytest
     checks = {c["name"]: c for c in report["checks"]}
     assert checks["persistence"]["status"] == "warn"
     assert "restart forgets every record" in checks["persistence"]["summary"]
+    # replicas alone are not enough: a primary back empty as a primary empties them (issue 14)
+    assert "come back only as a replica" in checks["persistence"]["detail"]
     assert set(checks) == {
         "reachability",
         "role",
