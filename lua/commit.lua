@@ -21,6 +21,9 @@ local function write_committed(r)
 end
 
 local raw = redis.call('GET', record)
+if raw and commit_in_place(record, raw, token, stored, value, mac, now, ttl) then
+  return 'ok'  -- the common case: this attempt's own pending record, as its begin wrote it
+end
 local r = raw and parse(raw)
 if not raw or (r and r.status == RELEASED) then
   local released = r and r.released or ''

@@ -121,6 +121,27 @@ local function write(record, r, ttl)
   redis.call('SET', record, body, 'PX', ttl)
 end
 
+-- The common commit without parsing the record into a table: a pending record with no MAC, no released
+-- list and no value (what a begin writes on a key that held nothing), owned by `token`, is rewritten
+-- committed, byte for byte what `write` makes of it. Returns false, writing nothing, for any other
+-- string: the caller then parses it and decides as for any record.
+local PLAIN_PENDING = '^ap,(%d+),(%d*),,0,(%d+),(%d+),(%d+),0,0;'
+local function commit_in_place(record, raw, token, stored, value, mac, now, ttl)
+  local _, stop, attempt, begun, lo, lk, lt = string.find(raw, PLAIN_PENDING)
+  if not stop or #attempt > 9 or #begun > 15 or #lo > 9 or #lk > 9 or #lt > 9 then
+    return false
+  end
+  local owner_end = stop + tonumber(lo)
+  if #raw ~= owner_end + tonumber(lk) + tonumber(lt) or string.sub(raw, stop + 1, owner_end) ~= token then
+    return false
+  end
+  redis.call('SET', record, table.concat({
+    'ac,', attempt, ',', begun, ',', now, ',', stored, ',', lo, ',', lk, ',', lt, ',', #mac, ',0;',
+    string.sub(raw, stop + 1), mac, value,
+  }), 'PX', ttl)
+  return true
+end
+
 -- A record of `status` for one attempt, carrying the released list of what the key held before.
 local function fresh(status, key, tool, owner, attempt, released)
   return {

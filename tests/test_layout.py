@@ -494,6 +494,47 @@ def test_a_begin_on_a_new_key_writes_what_the_script_writes(
     client.close()
 
 
+@pytest.mark.parametrize("released", [(), (b"an-earlier-token",)])
+@pytest.mark.parametrize("value, mac", [(b"", b""), (b"\x00v" * 50, b"m" * 32)])
+def test_a_commit_writes_what_python_packs_in_place_or_not(
+    rstore: RedisEffectStore, released: tuple[bytes, ...], value: bytes, mac: bytes
+) -> None:
+    """commit rewrites its own pending record in place when it holds no MAC, released list or value
+    (what a begin writes on an empty key) and parses it otherwise: either way the record is the one
+    layout.pack makes, byte for byte."""
+    client = rstore.client
+    key = rstore.key(f"in-place-{secrets.token_hex(4)}")
+    token = layout.pack_token(secrets.token_hex(16))
+    pending = StoredRecord(
+        "pending",
+        attempt=3,
+        begun_ms=1_700_000_000_000,
+        owner=token,
+        key=layout.pack_key(KEY),
+        tool=b"charge",
+        released=released,
+    )
+    client.set(key, pack(pending))
+    stored = "1" if value else "0"
+    commit = (token, stored, value, mac, 60_000, 1_700_000_000_123, b"ignored", "ignored", 9)
+    assert client.eval(script_source("commit"), 1, key, *commit) == b"ok"
+    expected = dataclasses.replace(
+        pending,
+        status="committed",
+        committed_ms=1_700_000_000_123,
+        stored=bool(value),
+        value=value,
+        mac=mac,
+    )
+    assert client.get(key) == pack(expected)
+    assert 0 < client.pttl(key) <= 60_000
+    # another owner's commit finds it superseded, in place or not, and writes nothing
+    other = (layout.pack_token(secrets.token_hex(16)), *commit[1:])
+    client.set(key, pack(pending))
+    assert client.eval(script_source("commit"), 1, key, *other) == b"superseded"
+    assert client.get(key) == pack(pending)
+
+
 def test_binary_fields_round_trip_through_the_store(rstore: RedisEffectStore) -> None:
     request = BeginRequest("bin-1", KEY, "tøøl\x00;,", secrets.token_hex(16), False)
     rstore.begin(request)
