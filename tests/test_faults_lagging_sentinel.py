@@ -179,6 +179,7 @@ def test_the_harness_restore_gives_a_lagging_sentinel_nothing_to_act_on() -> Non
         assert run.records_on(run.new) == len(IDS)
 
         run.thaw()
+        run.topology.wait_writable()  # the thawed sentinels answer again
         assert retry_everything(run, run.topology.url) == ["replayed"] * len(IDS)
         refused = retry_everything(run, run.lagging_url)  # its primary answers as a replica: nothing runs
         assert all(r == "refused:store_unavailable" for r in refused), refused
