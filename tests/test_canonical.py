@@ -386,3 +386,14 @@ def test_different_json_data_gives_different_keys(first: Any, second: Any) -> No
 
     keys_equal = idempotency_key("t", {"v": first}) == idempotency_key("t", {"v": second})
     assert keys_equal == same_data(first, second)
+
+
+_FLAT_VALUES = st.none() | st.booleans() | st.integers() | st.text()
+
+
+@given(st.dictionaries(st.text(), _FLAT_VALUES, max_size=6))
+def test_flat_arguments_take_a_shortcut_to_the_same_text(arguments: dict[str, Any]) -> None:
+    """Flat str/int/bool/None arguments skip the general encoder; the text must not change."""
+    from airlock_redis.core import canonical
+
+    assert canonical._dump_flat(arguments) == canonical._dump(arguments)

@@ -131,6 +131,27 @@ def _dump(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+def _no_default(value: Any) -> Any:
+    raise TypeError(f"{type(value).__qualname__} is not JSON serializable")
+
+
+# The same encoding for flat str/int/bool/None arguments, without building an encoder per call (what
+# JSONEncoder.encode does). No check for cycles, which flat scalars cannot have. None where the
+# interpreter has no C encoder.
+_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_FLAT = (
+    _c_make_encoder(None, _no_default, json.encoder.encode_basestring, None, ":", ",", True, False, False)
+    if _c_make_encoder is not None
+    else None
+)
+
+
+def _dump_flat(arguments: Mapping[str, Any]) -> str:
+    if _FLAT is None:
+        return _dump(arguments)
+    return "".join(_FLAT(arguments, 0))
+
+
 def canonical_arguments(arguments: Mapping[str, Any]) -> str:
     """Return the canonical JSON text of a call's arguments (by name)."""
     plain = True
@@ -140,7 +161,7 @@ def canonical_arguments(arguments: Mapping[str, Any]) -> str:
         if type(value) not in _SCALARS or name[:1] == "$":
             plain = False
     if plain:  # the common case: flat str/int/bool/None arguments are their own canonical form
-        return _dump(arguments)
+        return _dump_flat(arguments)
     return _dump({_escape_key(k): _canon(v, k, set()) for k, v in arguments.items()})
 
 
