@@ -493,33 +493,56 @@ def wait_synced_replica(
 
 
 def restore_sentinel_replica(topology: SentinelTopology, old: RedisProcess, new: RedisProcess) -> None:
-    """Restart the killed old primary as a replica of the new one (what the sentinels would tell it,
-    seconds later: they convert a returning old primary only after their next checks).
+    """Restart the killed old primary as a replica of the new one, and wait until it has synced: what
+    an operator should do with a primary that restarts without persistence (docs/durability.md).
+
+    Two hazards are kept out, each of which empties the deployment and lets retries run once-only
+    tools again (tests/test_faults_lagging_sentinel.py and test_faults_unsynced_promotion.py show
+    them):
+
+    - it starts as a replica (``--replicaof`` on its command line), never as a master: an empty node
+      that answers as a master is one a sentinel whose view lags can make the promoted node follow
+      (seen in a CI run of test_sentinel_primary_killed_between_begin_and_commit: every record gone
+      after the restore);
+    - it starts with ``replica-priority 0`` and gets its priority back only once its first sync has
+      landed: until then it is empty, and Sentinel would promote it if the new primary stalled."""
+    start_returning_replica(old, new)
+    finish_returning_replica(topology, old, new)
+
+
+def start_returning_replica(old: RedisProcess, new: RedisProcess) -> None:
+    """The first half of :func:`restore_sentinel_replica`: start ``old`` as a replica of ``new`` that
+    no sentinel may promote."""
+    _set_arg(old.args, "--replicaof", HOST, str(new.port))
+    _set_arg(old.args, "--replica-priority", "0")
+    old.start()
+
+
+def finish_returning_replica(topology: SentinelTopology, old: RedisProcess, new: RedisProcess) -> None:
+    """The second half: wait until ``old`` has synced from ``new``, then make it promotable again.
 
     The sentinels may still reconfigure the returning node while it syncs (their view of it is stale
-    for a moment), so the REPLICAOF is repeated, a bounded number of times, until the link holds.
-
-    It starts as a replica (``--replicaof`` on its command line), never as a master: without
-    persistence it comes back empty, and an empty node that answers as a master for a moment is the
-    Redis hazard of a primary restarted with persistence off: a sentinel whose view still lags can
-    make the promoted node replicate from it, which empties the promoted node (seen once in a CI run
-    of test_sentinel_primary_killed_between_begin_and_commit: every record gone after the restore,
-    and the sentinels naming a node that had become a replica)."""
-    args = old.args
-    if "--replicaof" in args:  # drop the one it may have been started with
-        at = args.index("--replicaof")
-        del args[at : at + 3]
-    args += ["--replicaof", HOST, str(new.port)]
-    old.start()
+    for a moment), so the REPLICAOF is repeated, a bounded number of times, until the link holds."""
     for attempt in range(1, 4):
         with old.client() as c:
             c.replicaof(HOST, new.port)
         try:
             wait_synced_replica(old, new, timeout=30.0, on_fail=topology.logs())
-            return
+            break
         except TopologyError:
             if attempt == 3:
                 raise
+    _set_arg(old.args, "--replica-priority", "100")  # a later restart keeps the default
+    with old.client() as c:
+        c.config_set("replica-priority", "100")
+
+
+def _set_arg(args: list[str], flag: str, *values: str) -> None:
+    """Set ``flag values...`` on a server's command line, replacing the one it may have had."""
+    if flag in args:
+        at = args.index(flag)
+        del args[at : at + 1 + len(values)]
+    args += [flag, *values]
 
 
 # -- a store that notes what it sends (the load test's per-id histories) ---------------------------
