@@ -16,8 +16,8 @@ Exit status: 0 healthy, 1 warnings, 2 unsafe (or unreachable). The rules:
 
 No persistence is a warning, not unsafe: replicas (with ``wait_replicas``) can carry the records across
 a failover. A server that restarts with neither loses every record, and retries of calls in doubt run again;
-so does every replica of a primary that restarts empty and answers as a primary before it is made a
-replica (its replicas resynchronise from it), which no check here can see ahead of time.
+so does every replica of a primary that restarts empty and answers as a primary, or is promoted,
+before its first sync (its replicas resynchronise from it), which no check here can see ahead of time.
 """
 
 from __future__ import annotations
@@ -260,8 +260,9 @@ def _persistence(primaries: list[_Node]) -> Check:
         if worst == "ok"
         else "After a restart without the record, a retry of a call in doubt runs again. Enable "
         "appendonly yes (appendfsync everysec or always), or rely on replicas with wait_replicas "
-        "and let a restarted primary come back only as a replica (replicaof in its configuration): "
-        "one that answers as a primary while empty can empty its replicas (docs/durability.md)."
+        "and let a restarted primary come back only as a replica (replicaof in its configuration), "
+        "not promotable until it has synced (replica-priority 0 until then): one that answers as a "
+        "primary, or is promoted, while empty empties its replicas (docs/durability.md)."
     )
     return Check("persistence", worst, "; ".join(notes), detail)
 
