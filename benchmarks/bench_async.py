@@ -1,9 +1,10 @@
 """Async guarded calls against a raw redis.asyncio floor, at several concurrency levels.
 
 Each guarded call is two round trips to Redis (the begin, a plain ``SET NX`` on a key that holds
-nothing, then the ``commit`` script) around an async tool that returns at once. The floor makes two round trips of the same shape with
-no guard at all: ``SET key value NX PX`` then ``SET key value XX PX``, with a value as large as the
-guarded call's stored result, over the same connection pool. The ratio guarded/floor is the share of
+nothing, then the ``commit`` script) around an async tool that returns at once. The floor makes two
+round trips of the same shape with no guard at all: ``SET key value NX PX`` then
+``SET key value XX PX``, with a value as large as the guarded call's stored result, over the same
+connection pool. The ratio guarded/floor is the share of
 the raw Redis throughput the guard keeps.
 
     python -m benchmarks.bench_async                     # 3000 calls per level, levels 1 64 256
