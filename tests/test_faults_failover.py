@@ -14,7 +14,6 @@ and after the failover every call is retried, through the same store objects and
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -247,13 +246,13 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
         assert replica.process is not None
 
         def pause_replica_behind_ballast() -> None:
-            replica.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            replica.pause()
             with primary.client(socket_timeout=10) as c:
                 c.set("ballast", b"\0" * (32 * 1024 * 1024))
 
         def kill_and_resume() -> None:
             primary.kill()
-            replica.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            replica.resume()
 
         def recover_again() -> None:
             new = topology.wait_for_failover(primary, timeout=60)
@@ -274,8 +273,7 @@ def test_sentinel_primary_killed_between_begin_and_commit() -> None:
                 expect_started=False,
             )
         finally:
-            if replica.alive:
-                replica.process.send_signal(signal.SIGCONT)
+            replica.resume()
         # wait_replicas=1: the replica could not acknowledge, so no tool ran before the kill
         firsts = [o.result for i in lag_waited for o in lag_history.of(i) if o.phase == "first"]
         assert firsts == ["refused:store_unavailable"] * K, firsts

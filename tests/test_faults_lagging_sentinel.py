@@ -23,7 +23,6 @@ never fails over); the three real sentinels are frozen after the failover, so on
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -73,12 +72,11 @@ class Deployment:
         self.old.kill()
         assert self.topology.wait_for_failover(self.old, timeout=60) is self.new
         for sentinel in self.topology.sentinels:
-            sentinel.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+            sentinel.pause()
 
     def thaw(self) -> None:
         for sentinel in self.topology.sentinels:
-            if sentinel.alive:
-                sentinel.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            sentinel.resume()
 
     def lagging_replicas(self) -> list[dict[str, Any]]:
         with self.lagging.client() as c:
@@ -101,8 +99,7 @@ class Deployment:
         return master_read_at > moment * 1000 and promoted_read_at > master_read_at
 
     def records_on(self, node: RedisProcess) -> int:
-        with node.client() as c:
-            return sum(1 for _ in c.scan_iter(match=f"{self.ns}*", count=1000))
+        return node.count_keys(self.ns)
 
     def role_of(self, node: RedisProcess) -> dict[str, Any]:
         with node.client() as c:

@@ -22,7 +22,6 @@ again. Redis Cluster does not do this by default: a replica whose data is too ol
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -63,8 +62,7 @@ class Run:
         return Tools(store, self.history)
 
     def records_on(self, node: RedisProcess) -> int:
-        with node.client() as c:
-            return sum(1 for _ in c.scan_iter(match=f"{self.ns}*", count=1000))
+        return node.count_keys(self.ns)
 
     def role(self, node: RedisProcess) -> str:
         with node.client() as c:
@@ -105,16 +103,7 @@ def failed_over() -> Iterator[Run]:
         try:
             yield run
         finally:
-            if run.new.alive:
-                run.new.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
-
-
-def pause(node: RedisProcess) -> None:
-    node.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
-
-
-def resume(node: RedisProcess) -> None:
-    node.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+            run.new.resume()
 
 
 def test_a_replica_promoted_before_its_first_sync_empties_the_deployment() -> None:
@@ -123,7 +112,7 @@ def test_a_replica_promoted_before_its_first_sync_empties_the_deployment() -> No
         run.old.start()
         wait_until("the sentinels to see the returning node", run.sentinels_see_the_returning_node, 30)
         assert run.records_on(run.old) == 0  # its sync has not landed
-        pause(run.new)
+        run.new.pause()
         wait_until(
             "the sentinels to promote the empty node",
             lambda: (
@@ -132,7 +121,7 @@ def test_a_replica_promoted_before_its_first_sync_empties_the_deployment() -> No
             60,
             on_fail=run.topology.logs(6000),
         )
-        resume(run.new)
+        run.new.resume()
         wait_synced_replica(run.new, run.old, timeout=60, on_fail=run.topology.logs(6000))
         assert run.records_on(run.new) == 0 and run.records_on(run.old) == 0  # acknowledged, and gone
 
@@ -147,14 +136,14 @@ def test_a_returning_node_is_not_promotable_until_it_has_synced() -> None:
     with failed_over() as run:
         start_returning_replica(run.old, run.new)  # the first half of restore_sentinel_replica
         wait_until("the sentinels to see the returning node", run.sentinels_see_the_returning_node, 30)
-        pause(run.new)
+        run.new.pause()
         wait_until(
             "the sentinels to look for a replica to promote, and find none",
             lambda: "no-good-slave" in run.sentinel_logs(),
             60,
             on_fail=run.topology.logs(6000),
         )
-        resume(run.new)
+        run.new.resume()
         finish_returning_replica(run.topology, run.old, run.new)  # syncs, then gives its priority back
         with run.old.client() as c:
             assert c.config_get("replica-priority") == {"replica-priority": "100"}

@@ -247,6 +247,21 @@ class RedisProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
 
+    def pause(self) -> None:
+        """SIGSTOP: it holds its connections and answers nothing (a stalled host, a VM pause)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT after :meth:`pause` (harmless when it is not paused)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+
+    def count_keys(self, prefix: str) -> int:
+        """How many keys under ``prefix`` this server holds."""
+        with self.client() as c:
+            return sum(1 for _ in c.scan_iter(match=f"{prefix}*", count=1000))
+
     def stop(self, timeout: float = 10.0) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
