@@ -67,6 +67,9 @@ class _Row:
         self.committed_ms = now_ms
 
 
+_STARTED_FIRST = BeginOutcome(BeginKind.STARTED, attempt=1)
+
+
 class InMemoryEffectStore:
     """Holds one process's records. Two processes never see each other's calls: use a shared
     store such as :class:`~airlock_redis.RedisEffectStore` to cover replicas."""
@@ -80,6 +83,9 @@ class InMemoryEffectStore:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
+        # seconds a row lives in each status (None: a tombstone), looked up on every transition
+        self._lifetimes: dict[Status | None, float] = {status: self.ttls.seconds(status) for status in Status}
+        self._lifetimes[None] = TOMBSTONE_TTL
         self._clock = clock
         self._rows: dict[str, _Row] = {}
         self._lock = threading.Lock()
@@ -98,8 +104,7 @@ class InMemoryEffectStore:
 
     def _keep(self, row: _Row) -> None:
         """Restart the row's TTL for its (new) status."""
-        ttl = TOMBSTONE_TTL if row.status is None else self.ttls.seconds(row.status)
-        row.expires_at = self._clock() + ttl
+        row.expires_at = self._clock() + self._lifetimes[row.status]
 
     def _bury(self, tool_call_id: str, owner: str, old: _Row | None) -> None:
         """Replace the record by a tombstone of ``owner``, keeping the tokens released before."""
@@ -129,7 +134,7 @@ class InMemoryEffectStore:
                 raise _late_begin()
             if row is None or row.status is None:
                 self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, self._now_ms()), row)
-                return BeginOutcome(BeginKind.STARTED, attempt=1)
+                return _STARTED_FIRST
             if row.key != request.idempotency_key or row.tool != request.tool:
                 return BeginOutcome(BeginKind.MISMATCH, row.attempt, tool=row.tool, idempotency_key=row.key)
             if row.status is Status.COMMITTED:

@@ -38,6 +38,7 @@ from ..redaction import redact, without_password
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
+from .lane import AsyncLane, Lane
 from .layout import OLD_LAYOUT, StoredRecord, pack, pack_key, pack_token
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
@@ -126,6 +127,8 @@ class RedisEffectStore:
                     "(create the client with decode_responses=False)"
                 )
         self._client: SyncClient | None = client
+        # the short path for begin and the scripts (None: through the client; see .lane)
+        self._lane: Lane | None = Lane.of(client) if client is not None else None
         self._async_factory = self._pick_async_factory(async_client)
         # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
         # connections refer to their loop, so weak keys would never be freed. Each client we made is
@@ -190,7 +193,16 @@ class RedisEffectStore:
                 )
             assert self._parsed_url is not None
             self._client = sync_client(self._parsed_url, **self._timeouts)
+            self._lane = Lane.of(self._client)
         return self._client
+
+    def _command(self, *args: Any) -> Any:
+        """Send one command (raw reply) on the lane when there is one, else through the client."""
+        client = self.client
+        lane = self._lane
+        if lane is not None:
+            return lane.execute(*args)
+        return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
     # -- server facts and durability (wait_replicas) ----------------------------------------------
     @property
@@ -294,7 +306,8 @@ class RedisEffectStore:
                     "async_client= (a redis.asyncio client or a function that makes one)"
                 )
             self._forget_closed_loops()
-            held = self._async_clients[loop] = _LoopClient(self._async_factory())
+            client = self._async_factory()
+            held = self._async_clients[loop] = _LoopClient(client, AsyncLane.of(client))
             if self._owns_async_clients:
                 held.closer = self._close_with_loop(loop, held)
                 _step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
@@ -311,7 +324,7 @@ class RedisEffectStore:
             if self._async_clients.get(loop) is held:
                 del self._async_clients[loop]
             if not loop.is_closed():
-                await held.client.aclose()
+                await held.aclose()
 
     def _forget_closed_loops(self) -> None:
         for loop, held in list(self._async_clients.items()):
@@ -399,14 +412,13 @@ class RedisEffectStore:
     def _run(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
         """EVALSHA the script on the record's key, loading it once on NOSCRIPT (after a restart,
         a failover or SCRIPT FLUSH). Straight to the client: no Script object in the hot path."""
-        client = self.client
         key = self.key(tool_call_id)
         try:
             try:
-                return client.evalsha(_SHAS[name], 1, key, *args)
+                return self._command("EVALSHA", _SHAS[name], 1, key, *args)
             except NoScriptError:
-                client.script_load(script_source(name))
-                return client.evalsha(_SHAS[name], 1, key, *args)
+                self.client.script_load(script_source(name))
+                return self._command("EVALSHA", _SHAS[name], 1, key, *args)
         except _REDIS_FAILURES as exc:
             raise _failure(exc) from exc
 
@@ -439,7 +451,7 @@ class RedisEffectStore:
         record = self._first_record(request)
         if record is not None:
             try:
-                if self.client.set(self.key(request.tool_call_id), record, nx=True, px=int(self._pending_ms)):
+                if self._command("SET", self.key(request.tool_call_id), record, "NX", "PX", self._pending_ms):
                     return _STARTED_FIRST
             except _REDIS_FAILURES as exc:
                 raise _failure(exc) from exc
@@ -493,20 +505,22 @@ class RedisEffectStore:
             _guarded(lambda name=name: self.client.script_load(script_source(name)))  # type: ignore[misc]
 
     def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         if self._client is not None:
             self._client.close()
 
     # -- coroutine operations --------------------------------------------------------------------
     async def _arun(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
         """Coroutine form of :meth:`_run`."""
-        client = self.async_client()
+        held = self._loop_client()
         key = self.key(tool_call_id)
         try:
             try:
-                return await client.evalsha(_SHAS[name], 1, key, *args)
+                return await held.command("EVALSHA", _SHAS[name], 1, key, *args)
             except NoScriptError:
-                await client.script_load(script_source(name))
-                return await client.evalsha(_SHAS[name], 1, key, *args)
+                await held.client.script_load(script_source(name))
+                return await held.command("EVALSHA", _SHAS[name], 1, key, *args)
         except _REDIS_FAILURES as exc:
             raise _failure(exc) from exc
 
@@ -517,10 +531,10 @@ class RedisEffectStore:
             return await self._abegin_waited(request)
         record = self._first_record(request)
         if record is not None:
-            client = self.async_client()
+            held = self._loop_client()
             try:
-                if await client.set(
-                    self.key(request.tool_call_id), record, nx=True, px=int(self._pending_ms)
+                if await held.command(
+                    "SET", self.key(request.tool_call_id), record, "NX", "PX", self._pending_ms
                 ):
                     return _STARTED_FIRST
             except _REDIS_FAILURES as exc:
@@ -583,7 +597,7 @@ class RedisEffectStore:
         if held.closer is not None:
             await held.closer.aclose()
         else:
-            await held.client.aclose()
+            await held.aclose()
 
 
 @dataclass(eq=False)
@@ -591,7 +605,19 @@ class _LoopClient:
     """One event loop's asyncio client, its registered scripts, and the hook that closes it."""
 
     client: AsyncClient
+    lane: AsyncLane | None = None  # the short path for begin and the scripts (see .lane)
     closer: AsyncGenerator[None, None] | None = None
+
+    async def command(self, *args: Any) -> Any:
+        """Send one command (raw reply) on the lane when there is one, else through the client."""
+        if self.lane is not None:
+            return await self.lane.execute(*args)
+        return await self.client.execute_command(*args)
+
+    async def aclose(self) -> None:
+        if self.lane is not None:
+            await self.lane.aclose()
+        await self.client.aclose()
 
 
 def _step(step: Coroutine[Any, Any, Any]) -> None:
