@@ -287,3 +287,45 @@ def test_async_store_uses_the_lane_and_closes_it_with_its_loop(redis_server: Emb
     made, idle = asyncio.run(scenario())
     assert (made, idle) == (1, 1)  # sequential begins: one connection, kept
     assert not store._async_clients  # the loop's end closed the client and its lane
+
+
+class _Traced(redis.Redis):
+    """A client whose every command passes through a wrapper, as tracing instrumentation does."""
+
+    seen: list[Any]
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        self.seen.append(args[0])
+        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
+def test_a_client_that_wraps_execute_command_keeps_its_wrapper(redis_server: EmbeddedRedis) -> None:
+    traced = _Traced(connection_pool=redis.ConnectionPool.from_url(redis_server.url))
+    traced.seen = []
+    try:
+        assert Lane.of(traced) is None
+        store = RedisEffectStore(client=traced, namespace=f"lane:{secrets.token_hex(4)}")
+        request = _request()
+        assert store.begin(request).kind.value == "started"
+        assert store.commit(request, 1, b"\x01\xc0", None).value == "ok"
+        assert "SET" in traced.seen and "EVALSHA" in traced.seen
+    finally:
+        traced.close()
+        traced.connection_pool.disconnect()
+
+
+def test_short_path_off_sends_every_command_through_the_client(redis_server: EmbeddedRedis) -> None:
+    store = RedisEffectStore(redis_server.url, namespace=f"lane:{secrets.token_hex(4)}", short_path=False)
+    try:
+        request = _request()
+        assert store.begin(request).kind.value == "started"
+        assert store._lane is None
+
+        async def scenario() -> bool:
+            held = store._loop_client()
+            started = await store.abegin(_request())
+            return held.lane is None and started.kind.value == "started"
+
+        assert asyncio.run(scenario())
+    finally:
+        store.close()

@@ -16,9 +16,11 @@ connection can hold half a reply. A connection the pool would no longer take bac
 that changed, a connection of another process) is handed back instead of kept. In a forked child every
 lane forgets its connections, which belong to the parent.
 
-What the lane skips: redis-py's client-side cache and command metrics. A client with a client-side
-cache, a single-connection client or a blocking pool (whose size a kept connection would count
-against) gets no lane: the store then sends through the client as before.
+What the lane skips: redis-py's client-side cache, and its command metrics and anything else that
+wraps ``execute_command`` (tracing). A client with a client-side cache, a single-connection client, a
+subclass that overrides ``execute_command``, or (blocking calls) a blocking pool, whose size a kept
+connection would count against, gets no lane: the store then sends through the client as before, and
+so it does for every client with ``RedisEffectStore(short_path=False)``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ class Lane:
         """A lane for ``client`` (a ``redis.Redis``), or None when it must keep its own path."""
         if not isinstance(client, redis.Redis) or getattr(client, "connection", None) is not None:
             return None
+        if type(client).execute_command is not redis.Redis.execute_command:
+            return None  # a subclass that wraps every command (tracing, metrics) keeps its wrapper
         pool = client.connection_pool
         if not isinstance(pool, ConnectionPool) or isinstance(pool, BlockingConnectionPool):
             return None
@@ -130,6 +134,8 @@ class AsyncLane:
     def of(cls, client: Any) -> AsyncLane | None:
         """A lane for ``client`` (a ``redis.asyncio.Redis``), or None when it keeps its own path."""
         if not isinstance(client, aredis.Redis) or client.single_connection_client:
+            return None
+        if type(client).execute_command is not aredis.Redis.execute_command:
             return None
         pool = client.connection_pool
         if not isinstance(pool, AsyncConnectionPool):

@@ -81,6 +81,10 @@ class RedisEffectStore:
 
     ``wait_replicas=N`` (with ``wait_timeout`` seconds) makes every started attempt wait until N
     replicas hold its pending record before the tool runs (see :mod:`.durability`).
+
+    ``short_path`` (on by default) sends begin and the scripts on kept connections of the client's
+    pool, without redis-py's per-command machinery (see :mod:`.lane`); ``short_path=False`` sends every
+    command through the client's ``execute_command``, for tracing or metrics that wrap it.
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class RedisEffectStore:
         socket_connect_timeout: float | None = 5.0,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        short_path: bool = True,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
@@ -128,7 +133,8 @@ class RedisEffectStore:
                 )
         self._client: SyncClient | None = client
         # the short path for begin and the scripts (None: through the client; see .lane)
-        self._lane: Lane | None = Lane.of(client) if client is not None else None
+        self._short_path = bool(short_path)
+        self._lane: Lane | None = self._lane_of(client) if client is not None else None
         self._async_factory = self._pick_async_factory(async_client)
         # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
         # connections refer to their loop, so weak keys would never be freed. Each client we made is
@@ -193,8 +199,11 @@ class RedisEffectStore:
                 )
             assert self._parsed_url is not None
             self._client = sync_client(self._parsed_url, **self._timeouts)
-            self._lane = Lane.of(self._client)
+            self._lane = self._lane_of(self._client)
         return self._client
+
+    def _lane_of(self, client: SyncClient) -> Lane | None:
+        return Lane.of(client) if self._short_path else None
 
     def _command(self, *args: Any) -> Any:
         """Send one command (raw reply) on the lane when there is one, else through the client."""
@@ -307,7 +316,8 @@ class RedisEffectStore:
                 )
             self._forget_closed_loops()
             client = self._async_factory()
-            held = self._async_clients[loop] = _LoopClient(client, AsyncLane.of(client))
+            lane = AsyncLane.of(client) if self._short_path else None
+            held = self._async_clients[loop] = _LoopClient(client, lane)
             if self._owns_async_clients:
                 held.closer = self._close_with_loop(loop, held)
                 _step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
