@@ -163,10 +163,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with EmbeddedRedis(unix_socket=not args.tcp) as server:
+        with server.client() as admin:
+            server_version = str(admin.info("server").get("redis_version"))
         levels = asyncio.run(measure(server.url, args.levels, args.calls, args.rounds, args.warmup))
     report(levels)
     if args.json is not None:
-        args.json.write_text(json.dumps(figures(levels, args), indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({**figures(levels, args), "redis_server": server_version}, indent=2) + "\n"
+        )
     return 0
 
 

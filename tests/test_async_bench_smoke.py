@@ -26,6 +26,7 @@ def test_bench_async_produces_figures_for_each_level(tmp_path: Path) -> None:
     assert "guarded/floor" in done.stdout
     figures = json.loads(out.read_text())
     assert [level["concurrency"] for level in figures["levels"]] == [1, 4]
+    assert figures["redis_server"][:1].isdigit()  # the version of the server it measured
     for level in figures["levels"]:
         assert level["calls"] == 20
         assert level["floor_calls_per_s"] > 0 and level["guarded_calls_per_s"] > 0
