@@ -91,7 +91,7 @@ class Lane:
         return reply
 
     def _keep(self, conn: Any) -> None:
-        if conn.should_reconnect() or not self._pool.owns_connection(conn):
+        if _should_reconnect(conn) or not self._pool.owns_connection(conn):
             self._pool.release(conn)  # the pool decides: reconnect, or drop a stale one
         else:
             self._idle.append(conn)
@@ -153,12 +153,12 @@ class AsyncLane:
             # An error reply leaves the connection as it was; anything else that cut the exchange short
             # (a failure after the retries, a cancellation) has made redis-py close it already. Either
             # way it holds nothing unread.
-            if not isinstance(error, ResponseError) and conn.is_connected:
+            if not isinstance(error, ResponseError) and _connected(conn):
                 _close_now(conn)
             self._give(conn)
             raise
         try:
-            if conn.should_reconnect() or _stale(self._pool, conn):
+            if _should_reconnect(conn) or _stale(self._pool, conn):
                 await conn.disconnect()  # it connects again, to the pool's current primary, when next used
         finally:
             self._give(conn)
@@ -211,6 +211,20 @@ class AsyncLane:
         self._count = 0
 
 
+def _connected(conn: Any) -> bool:
+    """Whether the connection holds an open socket (``is_connected`` where redis-py has it, 6.x reads
+    its socket attributes)."""
+    if hasattr(type(conn), "is_connected"):
+        return bool(conn.is_connected)
+    return getattr(conn, "_sock", None) is not None or getattr(conn, "_writer", None) is not None
+
+
+def _should_reconnect(conn: Any) -> bool:
+    """A server maintenance notice asked for a new connection (redis-py 7+; never before)."""
+    asked = getattr(conn, "should_reconnect", None)
+    return bool(asked()) if asked is not None else False
+
+
 def _close_now(conn: Any) -> None:
     """Close a connection without awaiting (redis-py's own synchronous close when it has one)."""
     close = getattr(conn, "_close", None)
@@ -232,14 +246,14 @@ def _stale(pool: Any, conn: Any) -> bool:
 
 
 async def _aexchange(conn: Any, args: tuple[Any, ...]) -> Any:
-    if not conn.is_connected:
+    if not _connected(conn):
         await conn.connect()  # not send's own connect: a Sentinel-managed connection finds the primary here
     await conn.send_packed_command(conn.pack_command(*args))
     return await conn.read_response()
 
 
 def _exchange(conn: Any, args: tuple[Any, ...]) -> Any:
-    if not conn.is_connected:
+    if not _connected(conn):
         conn.connect()  # not send's own connect: a Sentinel-managed connection finds the primary here
     conn.send_packed_command(conn.pack_command(*args))
     return conn.read_response()
