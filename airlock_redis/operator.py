@@ -318,7 +318,7 @@ def scan_nodes(client: Any) -> list[Any]:
     except ImportError:  # pragma: no cover - redis-py always ships it
         return [client]
     if isinstance(client, RedisCluster):
-        primaries = sorted(client.get_primaries(), key=lambda n: str(n.name))  # type: ignore[no-untyped-call]
+        primaries = sorted(client.get_primaries(), key=lambda n: str(n.name))
         return [client.get_redis_connection(node) for node in primaries]
     return [client]
 

@@ -133,7 +133,7 @@ class WatchMultiStore(_ReferenceStore):
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    pipe.watch(key)
                     raw = pipe.get(key)
                     attempt = 1
                     if raw is not None:
@@ -154,7 +154,7 @@ class WatchMultiStore(_ReferenceStore):
         with self.client.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(key)  # type: ignore[no-untyped-call]
+                    pipe.watch(key)
                     raw = pipe.get(key)
                     if raw is None:
                         return "missing"

@@ -296,7 +296,8 @@ class _Traced(redis.Redis):
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         self.seen.append(args[0])
-        return super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+        send: Any = super().execute_command  # through Any: typed or not in the redis-py installed
+        return send(*args, **options)
 
 
 def test_a_client_that_wraps_execute_command_keeps_its_wrapper(redis_server: EmbeddedRedis) -> None:

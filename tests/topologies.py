@@ -351,7 +351,7 @@ class ClusterTopology(_Topology):
         return "redis+cluster://" + ",".join(f"{HOST}:{p.port}" for p in self.processes[:3])
 
     def client(self, **kwargs: Any) -> RedisCluster:
-        seeds = [ClusterNode(HOST, p.port) for p in self.processes if p.alive]  # type: ignore[no-untyped-call]
+        seeds = [ClusterNode(HOST, p.port) for p in self.processes if p.alive]
         return RedisCluster(startup_nodes=seeds, socket_timeout=5, **kwargs)
 
     def start(self, timeout: float = 60.0) -> Self:
@@ -594,12 +594,12 @@ class SentinelTopology(_Topology):
         After a restore the sentinels may still reconfigure a node (a CI run saw every retry refused
         with "The previous master is now a slave" right after one); a test that measures the guard,
         not how fast sentinels settle, waits for this before its retries."""
-        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = redis.sentinel.Sentinel(
             [s.address for s in self.sentinels if s.alive], socket_timeout=2, socket_connect_timeout=2
         )
 
         def writable() -> bool:
-            with sentinel.master_for(self.service, socket_timeout=2) as primary:  # type: ignore[no-untyped-call]
+            with sentinel.master_for(self.service, socket_timeout=2) as primary:
                 return bool(primary.set("airlock-test:writable", b"1", px=10_000))
 
         wait_until("a write through the sentinels", writable, timeout, on_fail=self.logs())
@@ -772,7 +772,7 @@ def private(topology: TopologyT) -> Iterator[TopologyT]:
 
 
 def _cmd(client: redis.Redis, *args: Any) -> Any:
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+    return client.execute_command(*args)
 
 
 def _left(deadline: float) -> float:

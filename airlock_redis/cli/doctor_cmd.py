@@ -157,7 +157,7 @@ def _nodes(client: SyncClient) -> list[_Node]:
     if isinstance(client, RedisCluster):
         return [
             _Node(n.name, client.get_redis_connection(n), n.server_type == "primary")
-            for n in client.get_nodes()  # type: ignore[no-untyped-call]
+            for n in client.get_nodes()
         ]
     assert isinstance(client, redis.Redis)
     return [_Node("server", client, True)]
@@ -310,7 +310,7 @@ def _cluster(client: SyncClient, nodes: list[_Node]) -> Check:
                 "Records in other slots would fail with MOVED: use redis+cluster://host:port,...",
             )
         return Check("cluster", "ok", "not a cluster")
-    text = nodes[0].client.execute_command("CLUSTER", "INFO")  # type: ignore[no-untyped-call]
+    text = nodes[0].client.execute_command("CLUSTER", "INFO")
     text = text.decode() if isinstance(text, bytes) else str(text)
     info = dict(line.split(":", 1) for line in text.strip().splitlines() if ":" in line)
     state, slots_ok = info.get("cluster_state"), int(info.get("cluster_slots_ok", 0))

@@ -140,7 +140,7 @@ class ReplicaWait:
         last: BaseException | None = None
         for _ in range(_TRIES):
             if isinstance(client, RedisCluster):
-                node = client.get_node_from_key(key)  # type: ignore[no-untyped-call]
+                node = client.get_node_from_key(key)
                 target: redis.Redis = client.get_redis_connection(node)
             else:
                 target = client
@@ -148,7 +148,7 @@ class ReplicaWait:
                 pipe = target.pipeline(transaction=False)
                 pipe.evalsha(sha, 1, key, *args)
                 for command in self.commands(facts):
-                    pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+                    pipe.execute_command(*command)
                 replies = pipe.execute(raise_on_error=False)
             except _REROUTE as exc:
                 if not isinstance(client, RedisCluster):

@@ -171,7 +171,7 @@ class AsyncLane:
             pass
         if self._count < self._limit:
             self._count += 1
-            return self._pool.make_connection()  # type: ignore[no-untyped-call]
+            return self._pool.make_connection()
         if not self._waits:
             raise MaxConnectionsError("Too many connections")
         loop = asyncio.get_running_loop()

@@ -211,7 +211,8 @@ class RedisEffectStore:
         lane = self._lane
         if lane is not None:
             return lane.execute(*args)
-        return client.execute_command(*args)  # type: ignore[no-untyped-call]
+        send: Any = client.execute_command  # through Any: typed or not in the redis-py installed
+        return send(*args)
 
     # -- server facts and durability (wait_replicas) ----------------------------------------------
     @property

@@ -148,21 +148,21 @@ def sync_client(url: str | RedisURL, **kwargs: Any) -> SyncClient:
         return redis.Redis.from_url(parsed.url, decode_responses=False, **retry_options(), **kwargs)
     options = {**parsed.connection_kwargs(), **kwargs}
     if parsed.kind == "cluster":
-        nodes = [ClusterNode(host, port) for host, port in parsed.hosts]  # type: ignore[no-untyped-call]
+        nodes = [ClusterNode(host, port) for host, port in parsed.hosts]
         return RedisCluster(startup_nodes=nodes, decode_responses=False, **options)
     from redis.sentinel import Sentinel
 
     options.update(retry_options())
 
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(
         list(parsed.hosts),
         sentinel_kwargs=_sentinel_kwargs(parsed, kwargs),
         decode_responses=False,
         **options,
     )
     assert parsed.service is not None
-    client = sentinel.master_for(parsed.service, db=parsed.db)  # type: ignore[no-untyped-call]
-    return client  # type: ignore[no-any-return]
+    client: redis.Redis = sentinel.master_for(parsed.service, db=parsed.db)
+    return client
 
 
 def async_client(url: str | RedisURL, **kwargs: Any) -> AsyncClient:
@@ -178,7 +178,7 @@ def async_client(url: str | RedisURL, **kwargs: Any) -> AsyncClient:
 
     options.update(async_retry_options())
 
-    sentinel = AsyncSentinel(  # type: ignore[no-untyped-call]
+    sentinel = AsyncSentinel(
         list(parsed.hosts),
         sentinel_kwargs=_sentinel_kwargs(parsed, kwargs),
         decode_responses=False,
@@ -261,7 +261,7 @@ def primary_clients(client: SyncClient) -> list[tuple[str, redis.Redis]]:
     cluster's credentials and TLS, and must not be closed by the caller); any other client gives
     itself, named by the address it connects to (``primary`` when a sentinel names it)."""
     if isinstance(client, RedisCluster):
-        nodes = sorted(client.get_primaries(), key=lambda node: str(node.name))  # type: ignore[no-untyped-call]
+        nodes = sorted(client.get_primaries(), key=lambda node: str(node.name))
         return [(str(node.name), client.get_redis_connection(node)) for node in nodes]
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
