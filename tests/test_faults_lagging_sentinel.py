@@ -89,14 +89,38 @@ class Deployment:
             replicas = {int(r["port"]): r for r in c.sentinel_slaves(LAGGING)}
         return master, replicas[self.new.port]
 
-    def lagging_read_both_since(self, moment: float) -> bool:
-        """The lagging sentinel read the old primary after ``moment``, then the promoted node after that
-        read: the order in which it decides whether to convert the promoted node."""
+    def read_times(self) -> tuple[float, float, str]:
+        """When (epoch ms) the lagging sentinel last read the old primary and the promoted node, and the
+        role the old primary reported in that read."""
         master, promoted = self.lagging_view()
         now = time.time() * 1000
-        master_read_at = now - int(master["info-refresh"])
-        promoted_read_at = now - int(promoted["info-refresh"])
-        return master_read_at > moment * 1000 and promoted_read_at > master_read_at
+        return now - int(master["info-refresh"]), now - int(promoted["info-refresh"]), master["role-reported"]
+
+    def wait_lagging_read_both_since(self, moment: float) -> None:
+        """Wait until the lagging sentinel has read the old primary (as a replica) after ``moment``, and then
+        the promoted node: the order in which it decides whether to convert the promoted node.
+
+        The second wait starts from when this process saw the first read, not from that read's own time:
+        the sentinel reads both nodes on the same 10 s timer and often answers both in one millisecond, so
+        comparing its two read times cannot tell which came first."""
+
+        def master_read_as_replica() -> bool:
+            master_at, _, role = self.read_times()
+            return master_at > moment * 1000 and role == "slave"
+
+        wait_until(
+            "the lagging sentinel to read the old primary as a replica",
+            master_read_as_replica,
+            60,
+            on_fail=self.topology.logs(),
+        )
+        seen_at = time.time() * 1000 + 2  # a margin for rounding to milliseconds
+        wait_until(
+            "the lagging sentinel to read the promoted node after that",
+            lambda: self.read_times()[1] > seen_at,
+            60,
+            on_fail=self.topology.logs(),
+        )
 
     def records_on(self, node: RedisProcess) -> int:
         return node.count_keys(self.ns)
@@ -163,12 +187,7 @@ def test_the_harness_restore_gives_a_lagging_sentinel_nothing_to_act_on() -> Non
         restored_at = time.time()
         restore_sentinel_replica(run.topology, run.old, run.new)
 
-        wait_until(
-            "the lagging sentinel to read both nodes again",
-            lambda: run.lagging_read_both_since(restored_at),
-            60,
-            on_fail=run.topology.logs(),
-        )
+        run.wait_lagging_read_both_since(restored_at)
         master, promoted = run.lagging_view()
         assert master["role-reported"] == "slave" and promoted["role-reported"] == "master"
         assert run.role_of(run.new).get("role") == "master", run.topology.logs()
