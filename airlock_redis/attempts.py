@@ -8,14 +8,14 @@ nothing is measured.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from secrets import token_hex
 from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from .approval import ApprovalRequest, approval_request
-from .context import current_idempotency_key, running_key, running_may_run_again, running_tool_call_id
+from .context import current_idempotency_key, read_running, running_key, running_may_run_again
 from .core import refusals
 from .core.ambiguity import AmbiguityRule
 from .core.codec import decode_result, encode_result, revalidate
@@ -45,7 +45,7 @@ log = logging.getLogger("airlock_redis")
 Effect = Literal["executed", "replayed", "unguarded", "nested"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # built on every call: a frozen dataclass costs four times as much to build
 class Execution(Generic[T]):
     """What a guarded call produced, and how."""
 
@@ -87,13 +87,24 @@ class Attempt:
     and :meth:`ended` with what the store answered.
     """
 
-    __slots__ = ("annotation", "attempt", "call", "plan", "request", "rules", "t0", "t_begin")
+    __slots__ = (
+        "annotation",
+        "attempt",
+        "call",
+        "may_run_again",
+        "plan",
+        "request",
+        "rules",
+        "t0",
+        "t_begin",
+    )
 
     def __init__(self, rules: AttemptRules, call: GuardedCall, annotation: Callable[[], Any]) -> None:
         self.rules = rules
         self.call = call
         self.annotation = annotation
         self.plan = plan(call, rules.options)
+        self.may_run_again = call.reversibility.may_run_again  # the tool's, read once
         self.request: BeginRequest | None = None
         self.attempt = 0  # this attempt's number, once it owns the record
         self.t_begin = 0.0  # perf_counter at begin, and when the tool started (observer only)
@@ -114,10 +125,10 @@ class Attempt:
         tool_call_id = self.plan.tool_call_id
         if tool_call_id is None:
             return None
-        if tool_call_id == running_tool_call_id():
+        if tool_call_id == read_running()[1]:  # the running call's tool_call_id
             # covered by the record of the call whose body this is, which runs at most once unless
             # its tool may run again: then a tool that may not would run again with it
-            if running_may_run_again() and not self.call.reversibility.may_run_again:
+            if running_may_run_again() and not self.may_run_again:
                 raise refusals.nested_in_reversible(self.call.tool, tool_call_id)
             return None
         key = self.plan.idempotency_key
@@ -126,8 +137,8 @@ class Attempt:
             tool_call_id=tool_call_id,
             idempotency_key=key,
             tool=self.call.tool,
-            token=token_hex(16),
-            reversible=self.call.reversibility.may_run_again,
+            token=os.urandom(16).hex(),  # secrets.token_hex(16), without its two calls
+            reversible=self.may_run_again,
         )
         if self.rules.report.observer is not None:
             self.t_begin = time.perf_counter()
@@ -139,9 +150,7 @@ class Attempt:
         planned = self.plan
         if self.request is None and planned.tool_call_id is not None:  # nested: the outer call's context
             return running_key(current_idempotency_key(), planned.tool_call_id, running_may_run_again())
-        return running_key(
-            planned.idempotency_key, planned.tool_call_id, self.call.reversibility.may_run_again
-        )
+        return running_key(planned.idempotency_key, planned.tool_call_id, self.may_run_again)
 
     def without_record(self, value: T) -> Execution[T]:
         """What a call that ran without a record of its own produced."""

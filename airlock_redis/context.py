@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+_NO_METADATA: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True)
-class CallContext:
-    """What the host says about the current tool call."""
+class CallContext(NamedTuple):
+    """What the host says about the current tool call (immutable; a named tuple, as one is built
+    for every call)."""
 
     tool_call_id: Any = None
     agent_id: str | None = None
-    metadata: Mapping[str, Any] = field(default_factory=dict)
+    metadata: Mapping[str, Any] = _NO_METADATA
 
 
 _host_context: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar(
@@ -56,15 +58,19 @@ def current_call_context() -> CallContext | None:
     return _host_context.get()
 
 
+# the same, without a Python frame: what the guard reads on every call
+read_call_context = _host_context.get
+
+
 def current_idempotency_key() -> str | None:
     """The idempotency key of the guarded call running now (None outside one)."""
     return _running.get()[0]
 
 
-def running_tool_call_id() -> str | None:
-    """The tool_call_id whose guarded body runs now (None outside one). A guarded call made inside
-    that body under the same id is part of it: it runs without a record of its own."""
-    return _running.get()[1]
+# (idempotency key, tool_call_id, may run again) of the guarded call whose body runs now, read
+# without a Python frame (the guard reads it on every call). A guarded call made inside that body
+# under the same tool_call_id is part of it: it runs without a record of its own.
+read_running = _running.get
 
 
 def running_may_run_again() -> bool:

@@ -18,10 +18,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 
 from .approval import Approver, approve, approve_blocking
 from .attempts import Attempt, AttemptRules, Commit, Execution, Reporter
-from .context import (
-    current_call_context,
-    tool_call_context,
-)
+from .context import read_call_context, tool_call_context
 from .core.ambiguity import AmbiguityRule
 from .core.callables import is_async_callable
 from .core.canonical import ArgumentBinder
@@ -139,7 +136,7 @@ class EffectGuard:
 
         def describe(args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardedCall:
             arguments, passed = binder.bind(args, kwargs)
-            host = current_call_context()
+            host = read_call_context()
             return GuardedCall(
                 tool=tool,
                 raw_tool_call_id=host.tool_call_id if host is not None else None,
@@ -236,13 +233,6 @@ class EffectGuard:
     def _refused(self, call: GuardedCall, refusal: EffectRefused) -> None:
         if self._observer is not None:
             self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
-
-    def _write(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
-        request = attempt.request
-        assert request is not None
-        if isinstance(step, Settlement):
-            return self.store.settle(request, attempt.attempt, step)
-        return self.store.commit(request, attempt.attempt, step.data, step.mac)
 
     async def _awrite(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
         request = attempt.request
@@ -433,8 +423,14 @@ class EffectGuard:
         """Send the attempt's last write. Never raises: the tool has run (or will not), and the
         caller gets its value or its own error whatever the store does."""
         t_sent = time.perf_counter() if self._observer is not None else 0.0
+        request = attempt.request
+        assert request is not None
+        result: TransitionResult | StoreError
         try:
-            result: TransitionResult | StoreError = self._write(attempt, step)
+            if isinstance(step, Settlement):
+                result = self.store.settle(request, attempt.attempt, step)
+            else:
+                result = self.store.commit(request, attempt.attempt, step.data, step.mac)
         except Exception as exc:  # whatever the store raised
             result = as_store_error(exc)
         attempt.ended(step, result, t_sent)

@@ -354,7 +354,7 @@ def test_the_model_would_catch_a_store_that_diverges() -> None:
         ) -> TransitionResult:
             record = self.get(request.tool_call_id)
             if record is not None and record.owner != request.token:
-                request = replace(request, token=record.owner)  # ignores the fence
+                request = request._replace(token=record.owner)  # ignores the fence
             return super().commit(request, attempt, value, mac)
 
     def make() -> EffectStore:

@@ -146,12 +146,6 @@ _FLAT = (
 )
 
 
-def _dump_flat(arguments: Mapping[str, Any]) -> str:
-    if _FLAT is None:
-        return _dump(arguments)
-    return "".join(_FLAT(arguments, 0))
-
-
 def canonical_arguments(arguments: Mapping[str, Any]) -> str:
     """Return the canonical JSON text of a call's arguments (by name)."""
     plain = True
@@ -161,7 +155,7 @@ def canonical_arguments(arguments: Mapping[str, Any]) -> str:
         if type(value) not in _SCALARS or name[:1] == "$":
             plain = False
     if plain:  # the common case: flat str/int/bool/None arguments are their own canonical form
-        return _dump_flat(arguments)
+        return "".join(_FLAT(arguments, 0)) if _FLAT is not None else _dump(arguments)
     return _dump({_escape_key(k): _canon(v, k, set()) for k, v in arguments.items()})
 
 
@@ -173,11 +167,10 @@ def idempotency_key(tool_name: str, arguments: Mapping[str, Any]) -> str:
     """
     if not isinstance(tool_name, str) or not tool_name:
         raise CanonicalizationError("the tool name must be a non-empty string")
-    digest = hashlib.sha256(_KEY_DOMAIN)
-    digest.update(tool_name.encode("utf-8", "surrogatepass"))
-    digest.update(b"\x00")
-    digest.update(canonical_arguments(arguments).encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
+    # the domain, the name, a NUL, the canonical arguments (one encode of the joined text is the
+    # same bytes as encoding each part)
+    text = f"{tool_name}\x00{canonical_arguments(arguments)}"
+    return hashlib.sha256(_KEY_DOMAIN + text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class ArgumentBinder:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
+import functools
 import typing
 import uuid
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from pydantic import TypeAdapter, ValidationError
 from .errors import ResultDecodingError, ResultEncodingError
 
 FORMAT_VERSION = 1
+_FORMAT_PREFIX = bytes([FORMAT_VERSION])
 DEFAULT_MAX_RESULT_BYTES = 1024 * 1024
 
 _EXT_DATETIME = 1
@@ -38,9 +40,7 @@ _EXT_BIGINT = 10
 
 
 def _pack(value: Any) -> bytes:
-    packed: bytes = msgpack.packb(
-        value, default=_default, use_bin_type=True, strict_types=True, datetime=False
-    )
+    packed: bytes = _new_packer().pack(value)
     return packed
 
 
@@ -114,6 +114,13 @@ def _ext_hook(code: int, data: bytes) -> Any:
     raise ResultDecodingError(f"unknown extension type {code} in a stored result")
 
 
+# A Packer of its own for each value packed (_default re-enters for nested values). Built through a
+# partial: msgpack.packb's keyword forwarding costs more than packing a small result does.
+_new_packer = functools.partial(
+    msgpack.Packer, default=_default, use_bin_type=True, strict_types=True, datetime=False
+)
+
+
 def _unpack(data: bytes) -> Any:
     return msgpack.unpackb(
         data, ext_hook=_ext_hook, raw=False, strict_map_key=False, use_list=True, timestamp=0
@@ -123,12 +130,12 @@ def _unpack(data: bytes) -> Any:
 def encode_result(value: Any, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> bytes:
     """Serialise a tool's result. Raises :class:`ResultEncodingError` if it cannot be stored."""
     try:
-        body = _pack(value)
+        body: bytes = _new_packer().pack(value)  # _pack, without its frame
     except ResultEncodingError:
         raise
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         raise ResultEncodingError(f"the result cannot be stored: {exc}") from exc
-    data = bytes([FORMAT_VERSION]) + body
+    data = _FORMAT_PREFIX + body
     if len(data) > max_bytes:
         raise ResultEncodingError(
             f"the result is {len(data)} bytes once encoded, over the limit of {max_bytes}"

@@ -16,25 +16,22 @@ Whether the tool may run again is ``Reversibility.may_run_again``, passed to ``b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import RefusalReason
 from .records import BeginKind, BeginOutcome
 
 
-@dataclass(frozen=True, slots=True)
-class Run:
+class Run(NamedTuple):
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
-class Replay:
+class Replay(NamedTuple):
     value: bytes
     mac: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class Refuse:
+class Refuse(NamedTuple):
     reason: RefusalReason
     detail: BeginOutcome
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from . import refusals
 from .canonical import idempotency_key
@@ -13,15 +13,14 @@ from .ids import describe_missing_id, usable_tool_call_id
 from .reversibility import Reversibility
 
 
-@dataclass(frozen=True, slots=True)
-class GuardedCall:
-    """One call of a tool, as the guard sees it."""
+class GuardedCall(NamedTuple):
+    """One call of a tool, as the guard sees it (immutable; a named tuple, built on every call)."""
 
     tool: str
     raw_tool_call_id: Any  # as the host gave it; checked by plan()
     arguments: Mapping[str, Any]  # by parameter name, defaults applied
     reversibility: Reversibility
-    passed: Collection[str] = field(default_factory=frozenset)  # names the caller passed explicitly
+    passed: Collection[str] = frozenset()  # names the caller passed explicitly
 
 
 @dataclass(frozen=True, slots=True)

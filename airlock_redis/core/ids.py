@@ -18,6 +18,8 @@ def usable_tool_call_id(value: Any) -> str | None:
     """
     if not isinstance(value, str) or value == "" or value.isspace():
         return None
+    if value.isascii() and len(value) <= MAX_TOOL_CALL_ID_BYTES:
+        return value  # the common case: one byte a character, so no lone surrogate and short enough
     try:
         encoded = value.encode("utf-8")
     except UnicodeEncodeError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class Status(str, enum.Enum):
@@ -48,8 +49,10 @@ class TransitionResult(str, enum.Enum):
 RELEASED = "released"
 
 
-@dataclass(frozen=True, slots=True)
-class BeginRequest:
+class BeginRequest(NamedTuple):
+    """What a guarded call asks the store to begin (immutable; a named tuple, as it is built on
+    every call and a frozen dataclass costs three times as much to build)."""
+
     tool_call_id: str
     idempotency_key: str
     tool: str

@@ -86,6 +86,8 @@ class InMemoryEffectStore:
         # seconds a row lives in each status (None: a tombstone), looked up on every transition
         self._lifetimes: dict[Status | None, float] = {status: self.ttls.seconds(status) for status in Status}
         self._lifetimes[None] = TOMBSTONE_TTL
+        self._pending_s = self._lifetimes[Status.PENDING]
+        self._committed_s = self._lifetimes[Status.COMMITTED]
         self._clock = clock
         self._rows: dict[str, _Row] = {}
         self._lock = threading.Lock()
@@ -94,25 +96,28 @@ class InMemoryEffectStore:
         return f"InMemoryEffectStore(records={len(self._rows)})"
 
     # -- helpers (call with the lock held) -------------------------------------------------------
-    def _live(self, tool_call_id: str) -> _Row | None:
+    # ``now`` is the store's clock, read once per transition
+    def _live(self, tool_call_id: str, now: float) -> _Row | None:
         """The row, tombstones included; None when there is none or it expired."""
         row = self._rows.get(tool_call_id)
-        if row is not None and row.expires_at <= self._clock():
+        if row is not None and row.expires_at <= now:
             del self._rows[tool_call_id]
             return None
         return row
 
-    def _keep(self, row: _Row) -> None:
+    def _keep(self, row: _Row, now: float) -> None:
         """Restart the row's TTL for its (new) status."""
-        row.expires_at = self._clock() + self._lifetimes[row.status]
+        row.expires_at = now + self._lifetimes[row.status]
 
-    def _bury(self, tool_call_id: str, owner: str, old: _Row | None) -> None:
+    def _bury(self, tool_call_id: str, owner: str, old: _Row | None, now: float) -> None:
         """Replace the record by a tombstone of ``owner``, keeping the tokens released before."""
         row = _Row(BeginRequest(tool_call_id, "", "", owner, False), 0, None, 0)
         row.begun_ms = None
-        self._put(tool_call_id, row, old, released=owner)
+        self._put(tool_call_id, row, now, old, released=owner)
 
-    def _put(self, tool_call_id: str, row: _Row, old: _Row | None = None, released: str = "") -> None:
+    def _put(
+        self, tool_call_id: str, row: _Row, now: float, old: _Row | None = None, released: str = ""
+    ) -> None:
         """Store ``row`` in place of ``old``, carrying over the tokens released before (plus
         ``released``)."""
         if old is not None:
@@ -120,20 +125,22 @@ class InMemoryEffectStore:
         if released:
             row.released = row.released | {released}
         self._rows[tool_call_id] = row
-        self._keep(row)
-
-    @staticmethod
-    def _now_ms() -> int:
-        return time.time_ns() // 1_000_000
+        self._keep(row, now)
 
     # -- the transitions -------------------------------------------------------------------------
     def begin(self, request: BeginRequest) -> BeginOutcome:
         with self._lock:
-            row = self._live(request.tool_call_id)
-            if row is not None and request.token in row.released:
+            now = self._clock()
+            row = self._live(request.tool_call_id, now)
+            if row is None:  # the common case: a call never seen
+                row = _Row(request, 1, Status.PENDING, _wall_ms())
+                row.expires_at = now + self._pending_s
+                self._rows[request.tool_call_id] = row
+                return _STARTED_FIRST
+            if request.token in row.released:
                 raise _late_begin()
-            if row is None or row.status is None:
-                self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, self._now_ms()), row)
+            if row.status is None:
+                self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, _wall_ms()), now, row)
                 return _STARTED_FIRST
             if row.key != request.idempotency_key or row.tool != request.tool:
                 return BeginOutcome(BeginKind.MISMATCH, row.attempt, tool=row.tool, idempotency_key=row.key)
@@ -141,14 +148,14 @@ class InMemoryEffectStore:
                 value = row.value if row.stored else None
                 return BeginOutcome(BeginKind.COMMITTED, row.attempt, value=value, mac=row.mac)
             if row.owner == request.token and row.status is Status.PENDING:
-                self._keep(row)
+                self._keep(row, now)
                 return BeginOutcome(BeginKind.STARTED, row.attempt)
             if request.reversible:
                 row.status = Status.PENDING
                 row.owner = request.token
                 row.attempt += 1
-                row.begun_ms = self._now_ms()
-                self._keep(row)
+                row.begun_ms = _wall_ms()
+                self._keep(row, now)
                 return BeginOutcome(BeginKind.STARTED, row.attempt)
             return BeginOutcome(BeginKind(row.status.value), row.attempt)
 
@@ -156,47 +163,50 @@ class InMemoryEffectStore:
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         with self._lock:
-            row = self._live(request.tool_call_id)
+            now = self._clock()
+            row = self._live(request.tool_call_id, now)
             if row is None or row.status is None:
-                fresh = _Row(request, attempt, Status.COMMITTED, self._now_ms())
+                fresh = _Row(request, attempt, Status.COMMITTED, _wall_ms())
                 fresh.begun_ms = None
-                fresh.commit(request.token, value, mac, self._now_ms())
-                self._put(request.tool_call_id, fresh, row)
+                fresh.commit(request.token, value, mac, _wall_ms())
+                self._put(request.tool_call_id, fresh, now, row)
                 return TransitionResult.RECREATED
             if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is not Status.COMMITTED:
-                row.commit(request.token, value, mac, self._now_ms())
-                self._keep(row)
+                row.commit(request.token, value, mac, _wall_ms())
+                row.expires_at = now + self._committed_s
             return TransitionResult.OK
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         with self._lock:
             tool_call_id = request.tool_call_id
-            row = self._live(tool_call_id)
+            now = self._clock()
+            row = self._live(tool_call_id, now)
             if row is not None and row.status is None and request.token in row.released:
                 return TransitionResult.OK  # this attempt released it already: a re-send
             if row is None or row.status is None:
                 if settlement is Settlement.RELEASE:
-                    self._bury(tool_call_id, request.token, row)
+                    self._bury(tool_call_id, request.token, row, now)
                     return TransitionResult.MISSING
-                fresh = _Row(request, attempt, Status.UNKNOWN, self._now_ms())
+                fresh = _Row(request, attempt, Status.UNKNOWN, _wall_ms())
                 fresh.begun_ms = None
-                self._put(tool_call_id, fresh, row)
+                self._put(tool_call_id, fresh, now, row)
                 return TransitionResult.RECREATED
             if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is Status.PENDING:
                 if settlement is Settlement.RELEASE:
-                    self._bury(tool_call_id, request.token, row)
+                    self._bury(tool_call_id, request.token, row, now)
                 else:
                     row.status = Status.UNKNOWN
-                    self._keep(row)
+                    self._keep(row, now)
             return TransitionResult.OK
 
     def get(self, tool_call_id: str) -> Record | None:
         with self._lock:
-            row = self._live(tool_call_id)
+            now = self._clock()
+            row = self._live(tool_call_id, now)
             if row is None or row.status is None:
                 return None
             return Record(
@@ -211,7 +221,7 @@ class InMemoryEffectStore:
                 mac=row.mac,
                 begun_ms=row.begun_ms,
                 committed_ms=row.committed_ms,
-                ttl_ms=max(0, round((row.expires_at - self._clock()) * 1000)),
+                ttl_ms=max(0, round((row.expires_at - now) * 1000)),
             )
 
     def resolve(
@@ -227,7 +237,8 @@ class InMemoryEffectStore:
     ) -> TransitionResult:
         verdict = check_verdict(verdict)
         with self._lock:
-            row = self._live(tool_call_id)
+            now = self._clock()
+            row = self._live(tool_call_id, now)
             if row is None or row.status is None:
                 return TransitionResult.MISSING
             if expect_key and row.key != expect_key:  # "" skips the check, as in the script
@@ -238,14 +249,14 @@ class InMemoryEffectStore:
                 return TransitionResult.CHANGED
             owner = "operator:" + secrets.token_hex(8)
             if verdict is Settlement.RELEASE:
-                self._bury(tool_call_id, owner, row)
+                self._bury(tool_call_id, owner, row, now)
                 return TransitionResult.OK
             if verdict is Status.COMMITTED:
-                row.commit(owner, value, mac, self._now_ms())
+                row.commit(owner, value, mac, _wall_ms())
             else:
                 row.status = Status.UNKNOWN
                 row.owner = owner
-            self._keep(row)
+            self._keep(row, now)
             return TransitionResult.OK
 
     # -- the same, for coroutines (nothing here blocks) ------------------------------------------
@@ -283,6 +294,11 @@ class InMemoryEffectStore:
             value=value,
             mac=mac,
         )
+
+
+def _wall_ms() -> int:
+    """Wall-clock milliseconds: what a record's begun/committed times are read in."""
+    return time.time_ns() // 1_000_000
 
 
 def _late_begin() -> StoreError:
