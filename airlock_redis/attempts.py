@@ -268,12 +268,15 @@ class Attempt:
 
     def ended(self, step: Commit | Settlement, result: TransitionResult | StoreError, t_sent: float) -> None:
         """Report what the store answered to the attempt's last write (sent at ``t_sent``)."""
+        report = self.rules.report
+        if result is TransitionResult.OK and report.observer is None:
+            return  # the common end: nothing to log, nobody to tell
         request = self.request
         assert request is not None
         if isinstance(step, Settlement):
-            self.rules.report.settled(request, self.attempt, self.t0, step, result, t_sent)
+            report.settled(request, self.attempt, self.t0, step, result, t_sent)
         else:
-            self.rules.report.committed(request, self.attempt, self.t0, result, t_sent)
+            report.committed(request, self.attempt, self.t0, result, t_sent)
 
     def executed(self, value: T) -> Execution[T]:
         planned = self.plan

@@ -43,7 +43,7 @@ class tool_call_context:
     __slots__ = ("_context", "_token")
 
     def __init__(self, tool_call_id: str | None, agent_id: str | None = None, **metadata: Any) -> None:
-        self._context = CallContext(tool_call_id=tool_call_id, agent_id=agent_id, metadata=metadata)
+        self._context = CallContext(tool_call_id, agent_id, metadata)
 
     def __enter__(self) -> CallContext:
         self._token = _host_context.set(self._context)

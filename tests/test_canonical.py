@@ -400,3 +400,41 @@ def test_flat_arguments_take_a_shortcut_to_the_same_text(arguments: dict[str, An
         {canonical._escape_key(k): canonical._canon(v, k, set()) for k, v in arguments.items()}
     )
     assert canonical.canonical_arguments(arguments) == general
+
+
+def _tool(a: int, b: str = "b", *, c: bool = False) -> None:
+    """A plain signature: ArgumentBinder binds it without inspect.Signature.bind."""
+
+
+@given(
+    st.integers(min_value=0, max_value=2),
+    st.sets(st.sampled_from(["a", "b", "c"])),
+    st.dictionaries(st.sampled_from(["d", "e"]), st.integers(), max_size=1),
+)
+def test_every_binding_shortcut_agrees_with_signature_bind(
+    positional: int, named: set[str], stray: dict[str, int]
+) -> None:
+    """The binder's direct paths (all by name, or positional then by name) give what
+    ``inspect.Signature.bind`` with defaults gives, and name what the caller passed; a call the
+    signature refuses falls back to the keywords plus positional slots."""
+    import inspect
+
+    from airlock_redis.core.canonical import ArgumentBinder
+
+    args = (1, "x")[:positional]
+    kwargs: dict[str, Any] = {n: {"a": 2, "b": "y", "c": True}[n] for n in sorted(named)}
+    kwargs.update(stray)
+    signature = inspect.signature(_tool)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        expected = (
+            {**kwargs, **{f"${i}": v for i, v in enumerate(args)}},
+            frozenset(kwargs) | {f"${i}" for i in range(len(args))},
+        )
+    else:
+        passed = frozenset(bound.arguments)
+        bound.apply_defaults()
+        expected = (dict(bound.arguments), passed)
+    arguments, passed_names = ArgumentBinder(_tool).bind(args, kwargs)
+    assert (arguments, frozenset(passed_names)) == expected

@@ -206,6 +206,8 @@ class ArgumentBinder:
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], frozenset[str]]:
         """Return (arguments by name with defaults, names the caller passed)."""
         positional = self._positional
+        if not args and positional is not None and kwargs.keys() == self._names:
+            return dict(kwargs), self._names  # the common call: every parameter by name
         if positional is not None and len(args) <= len(positional):
             result = dict(zip(positional, args, strict=False))
             for name, value in kwargs.items():
