@@ -10,6 +10,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from time import time_ns
 
 from ..core.errors import StoreError
 from ..core.records import (
@@ -133,7 +134,7 @@ class InMemoryEffectStore:
             now = self._clock()
             row = self._live(request.tool_call_id, now)
             if row is None:  # the common case: a call never seen
-                row = _Row(request, 1, Status.PENDING, _wall_ms())
+                row = _Row(request, 1, Status.PENDING, time_ns() // 1_000_000)  # _wall_ms(), inline
                 row.expires_at = now + self._pending_s
                 self._rows[request.tool_call_id] = row
                 return _STARTED_FIRST
@@ -174,7 +175,7 @@ class InMemoryEffectStore:
             if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is not Status.COMMITTED:
-                row.commit(request.token, value, mac, _wall_ms())
+                row.commit(request.token, value, mac, time_ns() // 1_000_000)  # _wall_ms(), inline
                 row.expires_at = now + self._committed_s
             return TransitionResult.OK
 
@@ -298,7 +299,7 @@ class InMemoryEffectStore:
 
 def _wall_ms() -> int:
     """Wall-clock milliseconds: what a record's begun/committed times are read in."""
-    return time.time_ns() // 1_000_000
+    return time_ns() // 1_000_000
 
 
 def _late_begin() -> StoreError:
