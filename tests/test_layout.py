@@ -87,6 +87,14 @@ def test_near_hex_is_packed_as_text(text: str) -> None:
     assert unpack_id(pack_id(text, KEY_HEX), KEY_HEX) == text
 
 
+@given(small, small, small, st.integers(0, 10**15 - 1))
+def test_the_first_pending_record_packs_as_pack_would(owner: bytes, key: bytes, tool: bytes, ms: int) -> None:
+    """pack_pending, the begin's one-step builder, writes what pack writes for the same record."""
+    record = StoredRecord("pending", attempt=1, begun_ms=ms, owner=owner, key=key, tool=tool)
+    assert layout.pack_pending(owner, key, tool, ms) == pack(record)
+    assert parse(layout.pack_pending(owner, key, tool, ms)) == record
+
+
 def test_a_guard_record_is_small() -> None:
     record = StoredRecord(
         "committed",

@@ -140,6 +140,13 @@ def pack(record: StoredRecord) -> bytes:
     return b"".join((VERSION, _CODES[record.status], b",", b",".join(numbers), b";", *fields, record.value))
 
 
+def pack_pending(owner: bytes, key: bytes, tool: bytes, begun_ms: int) -> bytes:
+    """``pack`` of the first attempt's pending record (no MAC, nothing released, no value): what a
+    begin writes on a key that holds nothing. Built on every guarded call, so in one formatting step
+    rather than through a :class:`StoredRecord` packed field by field."""
+    return b"ap,1,%d,,0,%d,%d,%d,0,0;%s%s%s" % (begun_ms, len(owner), len(key), len(tool), owner, key, tool)
+
+
 def _released(data: bytes) -> tuple[bytes, ...]:
     entries: list[bytes] = []
     at = 0

@@ -39,7 +39,7 @@ from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .lane import AsyncLane, Lane
-from .layout import OLD_LAYOUT, StoredRecord, pack, pack_key, pack_token
+from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import ServerFacts
@@ -439,16 +439,8 @@ class RedisEffectStore:
         when the tool name is not ASCII (its bytes would depend on the client's encoding)."""
         if not request.tool.isascii():
             return None
-        return pack(
-            StoredRecord(
-                "pending",
-                attempt=1,
-                begun_ms=_now_ms(),
-                owner=pack_token(request.token),
-                key=pack_key(request.idempotency_key),
-                tool=request.tool.encode("ascii"),
-            )
-        )
+        owner, key = pack_token(request.token), pack_key(request.idempotency_key)
+        return pack_pending(owner, key, request.tool.encode("ascii"), _now_ms())
 
     # A begin first tries SET NX: it lands only where the key holds nothing, and writes exactly what
     # the script writes there, so "it landed" is the script's {"started", 1}. Anything else (a record,
