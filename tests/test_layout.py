@@ -554,3 +554,17 @@ def test_binary_fields_round_trip_through_the_store(rstore: RedisEffectStore) ->
         b"\x00",
     )
     assert rstore.begin(request).kind is BeginKind.COMMITTED
+
+
+@pytest.mark.parametrize("result", list(TransitionResult))
+def test_a_transition_reply_parses_as_bytes_or_text(result: TransitionResult) -> None:
+    """A script's reply reaches parse_transition as bytes (the store's clients) or as text (a client
+    that decodes replies); both name the same result, and anything else is a StoreError."""
+    from airlock_redis.core.errors import StoreError
+    from airlock_redis.stores.replies import parse_transition
+
+    assert parse_transition(result.value.encode()) is result
+    assert parse_transition(result.value) is result
+    for junk in (result.value.upper().encode() + b"!", None, 1, [result.value.encode()]):
+        with pytest.raises(StoreError, match="unexpected reply from a transition script"):
+            parse_transition(junk)
