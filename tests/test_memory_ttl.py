@@ -277,3 +277,44 @@ def test_after_the_ttl_an_async_call_runs_again(mem: InMemoryEffectStore, clock:
 def test_a_ttl_must_be_a_positive_number(name: str, bad: Any) -> None:
     with pytest.raises(ValueError, match=name):
         InMemoryEffectStore(**{name: bad})
+
+
+# -- rows nobody reads again ---------------------------------------------------------------------
+
+
+def _calls(mem: InMemoryEffectStore, prefix: str, n: int, *, commit: bool = True) -> list[str]:
+    """``n`` calls on new ids, each begun (and committed); their ids."""
+    ids = [f"{prefix}-{i}" for i in range(n)]
+    for tool_call_id in ids:
+        req = request(tool_call_id, "t-" + tool_call_id)
+        assert mem.begin(req).kind is BeginKind.STARTED
+        if commit:
+            assert mem.commit(req, 1, b"v", None) is TransitionResult.OK
+    return ids
+
+
+def test_expired_rows_nobody_asks_for_again_are_removed(mem: InMemoryEffectStore, clock: FakeClock) -> None:
+    """A process that makes calls on new ids for good must not keep every row it ever wrote: each new
+    row moves a sweep along, and an expired row is gone within as many new rows as there are rows."""
+    from airlock_redis.stores.memory import _SWEEP_BATCH
+
+    old = _calls(mem, "old", 500) + _calls(mem, "old-pending", 100, commit=False)
+    assert len(mem._rows) == 600  # the store's own table, read directly: nothing public counts rows
+    clock.advance(max(COMMITTED_S, PENDING_S) + 1)
+    new = _calls(mem, "new", 600 + 4 * _SWEEP_BATCH)
+    assert not any(tool_call_id in mem._rows for tool_call_id in old)
+    assert len(mem._rows) == len(new)
+
+
+def test_a_sweep_never_removes_a_live_row(mem: InMemoryEffectStore, clock: FakeClock) -> None:
+    """Rows within their TTL survive many sweeps: committed ones replay, pending ones still refuse."""
+    committed = _calls(mem, "kept", 100)
+    pending = _calls(mem, "kept-pending", 100, commit=False)
+    for round_ in range(5):
+        clock.advance(min(COMMITTED_S, PENDING_S) / 10)
+        _calls(mem, f"churn-{round_}", 1000)
+    for tool_call_id in committed:
+        outcome = mem.begin(request(tool_call_id, "another-token"))
+        assert (outcome.kind, outcome.value) == (BeginKind.COMMITTED, b"v")
+    for tool_call_id in pending:
+        assert mem.begin(request(tool_call_id, "another-token")).kind is BeginKind.PENDING

@@ -9,6 +9,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from time import time_ns
 
@@ -69,6 +70,8 @@ class _Row:
 
 
 _STARTED_FIRST = BeginOutcome(BeginKind.STARTED, attempt=1)
+# new rows between two sweeps, and the rows a sweep looks at (see InMemoryEffectStore._admit)
+_SWEEP_BATCH = 32
 
 
 class InMemoryEffectStore:
@@ -91,6 +94,10 @@ class InMemoryEffectStore:
         self._committed_s = self._lifetimes[Status.COMMITTED]
         self._clock = clock
         self._rows: dict[str, _Row] = {}
+        # every id in _rows, oldest first (an id may be here twice, or no longer in _rows): the sweep's
+        # queue, so that a row nobody asks for again is removed once it expires
+        self._queue: deque[str] = deque()
+        self._admitted = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -116,17 +123,39 @@ class InMemoryEffectStore:
         row.begun_ms = None
         self._put(tool_call_id, row, now, old, released=owner)
 
+    def _admit(self, tool_call_id: str, now: float) -> None:
+        """Note a row just added under a new id. Every _SWEEP_BATCH of them, look at as many ids from
+        the front of the queue: a row that expired goes, a live one goes to the back. So every row is
+        looked at once per turn of the queue, and one that expired is gone within that many new rows,
+        whether or not anyone asks for it again (a row is otherwise only removed when it is read)."""
+        self._queue.append(tool_call_id)
+        self._admitted += 1
+        if self._admitted % _SWEEP_BATCH:
+            return
+        rows, queue = self._rows, self._queue
+        for _ in range(min(_SWEEP_BATCH, len(queue))):
+            swept = queue.popleft()
+            row = rows.get(swept)
+            if row is None:
+                continue  # removed already (read after it expired), or queued twice
+            if row.expires_at <= now:
+                del rows[swept]
+            else:
+                queue.append(swept)
+
     def _put(
         self, tool_call_id: str, row: _Row, now: float, old: _Row | None = None, released: str = ""
     ) -> None:
-        """Store ``row`` in place of ``old``, carrying over the tokens released before (plus
-        ``released``)."""
+        """Store ``row`` in place of ``old`` (None: the id holds nothing), carrying over the tokens
+        released before (plus ``released``)."""
         if old is not None:
             row.released = old.released
         if released:
             row.released = row.released | {released}
         self._rows[tool_call_id] = row
         self._keep(row, now)
+        if old is None:
+            self._admit(tool_call_id, now)  # after the row is in: the sweep may look at it
 
     # -- the transitions -------------------------------------------------------------------------
     def begin(self, request: BeginRequest) -> BeginOutcome:
@@ -137,6 +166,7 @@ class InMemoryEffectStore:
                 row = _Row(request, 1, Status.PENDING, time_ns() // 1_000_000)  # _wall_ms(), inline
                 row.expires_at = now + self._pending_s
                 self._rows[request.tool_call_id] = row
+                self._admit(request.tool_call_id, now)
                 return _STARTED_FIRST
             if request.token in row.released:
                 raise _late_begin()
