@@ -87,24 +87,13 @@ class Attempt:
     and :meth:`ended` with what the store answered.
     """
 
-    __slots__ = (
-        "annotation",
-        "attempt",
-        "call",
-        "may_run_again",
-        "plan",
-        "request",
-        "rules",
-        "t0",
-        "t_begin",
-    )
+    __slots__ = ("annotation", "attempt", "call", "plan", "request", "rules", "t0", "t_begin")
 
     def __init__(self, rules: AttemptRules, call: GuardedCall, annotation: Callable[[], Any]) -> None:
         self.rules = rules
         self.call = call
         self.annotation = annotation
         self.plan = plan(call, rules.options)
-        self.may_run_again = call.reversibility.may_run_again  # the tool's, read once
         self.request: BeginRequest | None = None
         self.attempt = 0  # this attempt's number, once it owns the record
         self.t_begin = 0.0  # perf_counter at begin, and when the tool started (observer only)
@@ -128,7 +117,7 @@ class Attempt:
         if tool_call_id == read_running()[1]:  # the running call's tool_call_id
             # covered by the record of the call whose body this is, which runs at most once unless
             # its tool may run again: then a tool that may not would run again with it
-            if running_may_run_again() and not self.may_run_again:
+            if running_may_run_again() and not self.call.reversibility.may_run_again:
                 raise refusals.nested_in_reversible(self.call.tool, tool_call_id)
             return None
         key = self.plan.idempotency_key
@@ -136,7 +125,8 @@ class Attempt:
         # tool_call_id, idempotency_key, tool, owner token (secrets.token_hex(16) without its two
         # calls), reversible: positional, which builds the named tuple faster than keywords
         token = os.urandom(16).hex()
-        self.request = BeginRequest(tool_call_id, key, self.call.tool, token, self.may_run_again)
+        reversible = self.call.reversibility.may_run_again
+        self.request = BeginRequest(tool_call_id, key, self.call.tool, token, reversible)
         if self.rules.report.observer is not None:
             self.t_begin = time.perf_counter()
         return self.request
@@ -147,7 +137,9 @@ class Attempt:
         planned = self.plan
         if self.request is None and planned.tool_call_id is not None:  # nested: the outer call's context
             return running_key(current_idempotency_key(), planned.tool_call_id, running_may_run_again())
-        return running_key(planned.idempotency_key, planned.tool_call_id, self.may_run_again)
+        return running_key(
+            planned.idempotency_key, planned.tool_call_id, self.call.reversibility.may_run_again
+        )
 
     def without_record(self, value: T) -> Execution[T]:
         """What a call that ran without a record of its own produced."""
@@ -265,15 +257,12 @@ class Attempt:
 
     def ended(self, step: Commit | Settlement, result: TransitionResult | StoreError, t_sent: float) -> None:
         """Report what the store answered to the attempt's last write (sent at ``t_sent``)."""
-        report = self.rules.report
-        if result is TransitionResult.OK and report.observer is None:
-            return  # the common end: nothing to log, nobody to tell
         request = self.request
         assert request is not None
         if isinstance(step, Settlement):
-            report.settled(request, self.attempt, self.t0, step, result, t_sent)
+            self.rules.report.settled(request, self.attempt, self.t0, step, result, t_sent)
         else:
-            report.committed(request, self.attempt, self.t0, result, t_sent)
+            self.rules.report.committed(request, self.attempt, self.t0, result, t_sent)
 
     def executed(self, value: T) -> Execution[T]:
         planned = self.plan

@@ -234,6 +234,13 @@ class EffectGuard:
         if self._observer is not None:
             self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
 
+    def _write(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
+        request = attempt.request
+        assert request is not None
+        if isinstance(step, Settlement):
+            return self.store.settle(request, attempt.attempt, step)
+        return self.store.commit(request, attempt.attempt, step.data, step.mac)
+
     async def _awrite(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
         request = attempt.request
         assert request is not None
@@ -423,14 +430,8 @@ class EffectGuard:
         """Send the attempt's last write. Never raises: the tool has run (or will not), and the
         caller gets its value or its own error whatever the store does."""
         t_sent = time.perf_counter() if self._observer is not None else 0.0
-        request = attempt.request
-        assert request is not None
-        result: TransitionResult | StoreError
         try:
-            if isinstance(step, Settlement):
-                result = self.store.settle(request, attempt.attempt, step)
-            else:
-                result = self.store.commit(request, attempt.attempt, step.data, step.mac)
+            result: TransitionResult | StoreError = self._write(attempt, step)
         except Exception as exc:  # whatever the store raised
             result = as_store_error(exc)
         attempt.ended(step, result, t_sent)

@@ -130,7 +130,7 @@ def _unpack(data: bytes) -> Any:
 def encode_result(value: Any, max_bytes: int = DEFAULT_MAX_RESULT_BYTES) -> bytes:
     """Serialise a tool's result. Raises :class:`ResultEncodingError` if it cannot be stored."""
     try:
-        body: bytes = _new_packer().pack(value)  # _pack, without its frame
+        body = _pack(value)
     except ResultEncodingError:
         raise
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:

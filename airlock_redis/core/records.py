@@ -51,7 +51,7 @@ RELEASED = "released"
 
 class BeginRequest(NamedTuple):
     """What a guarded call asks the store to begin (immutable; a named tuple, as it is built on
-    every call and a frozen dataclass costs three times as much to build)."""
+    every call and a frozen dataclass costs about two and a half times as much to build)."""
 
     tool_call_id: str
     idempotency_key: str

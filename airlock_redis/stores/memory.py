@@ -11,7 +11,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from time import time_ns
 
 from ..core.errors import StoreError
 from ..core.records import (
@@ -90,8 +89,6 @@ class InMemoryEffectStore:
         # seconds a row lives in each status (None: a tombstone), looked up on every transition
         self._lifetimes: dict[Status | None, float] = {status: self.ttls.seconds(status) for status in Status}
         self._lifetimes[None] = TOMBSTONE_TTL
-        self._pending_s = self._lifetimes[Status.PENDING]
-        self._committed_s = self._lifetimes[Status.COMMITTED]
         self._clock = clock
         self._rows: dict[str, _Row] = {}
         # every id in _rows, oldest first (an id may be here twice, or no longer in _rows): the sweep's
@@ -162,15 +159,9 @@ class InMemoryEffectStore:
         with self._lock:
             now = self._clock()
             row = self._live(request.tool_call_id, now)
-            if row is None:  # the common case: a call never seen
-                row = _Row(request, 1, Status.PENDING, time_ns() // 1_000_000)  # _wall_ms(), inline
-                row.expires_at = now + self._pending_s
-                self._rows[request.tool_call_id] = row
-                self._admit(request.tool_call_id, now)
-                return _STARTED_FIRST
-            if request.token in row.released:
+            if row is not None and request.token in row.released:
                 raise _late_begin()
-            if row.status is None:
+            if row is None or row.status is None:
                 self._put(request.tool_call_id, _Row(request, 1, Status.PENDING, _wall_ms()), now, row)
                 return _STARTED_FIRST
             if row.key != request.idempotency_key or row.tool != request.tool:
@@ -205,8 +196,8 @@ class InMemoryEffectStore:
             if row.owner != request.token:
                 return TransitionResult.SUPERSEDED
             if row.status is not Status.COMMITTED:
-                row.commit(request.token, value, mac, time_ns() // 1_000_000)  # _wall_ms(), inline
-                row.expires_at = now + self._committed_s
+                row.commit(request.token, value, mac, _wall_ms())
+                self._keep(row, now)
             return TransitionResult.OK
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
@@ -329,7 +320,7 @@ class InMemoryEffectStore:
 
 def _wall_ms() -> int:
     """Wall-clock milliseconds: what a record's begun/committed times are read in."""
-    return time_ns() // 1_000_000
+    return time.time_ns() // 1_000_000
 
 
 def _late_begin() -> StoreError:
