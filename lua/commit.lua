@@ -10,6 +10,7 @@
 --         "superseded" (another attempt or an operator owns the record, or the key holds a string that
 --                     is not a record). A key of another type (a hash: an earlier release's record) is
 --         an error (WRONGTYPE), as the GET below raises it.
+ends_a_call = true
 local record = KEYS[1]
 local token, stored, value, mac = ARGV[1], ARGV[2] == '1' and '1' or '0', ARGV[3], ARGV[4]
 local ttl = ttl_arg(ARGV[5])

@@ -24,12 +24,14 @@ local OLD_LAYOUT = 'a record in the layout of an earlier airlock-redis release: 
   .. 'or let it expire'
 local MAX_TTL_MS = 315360000000  -- ten years; no script writes a record it cannot expire
 
+-- Errors are raised as plain strings: Redis 6.2 cannot report a table raised with error().
+
 -- A TTL argument in ms, checked before anything is written (a script that failed half-way would
 -- leave a record with no TTL: Redis does not roll a script back).
 local function ttl_arg(raw)
   local ms = tonumber(raw)
   if not ms or ms ~= ms or ms < 1 or ms > MAX_TTL_MS or ms % 1 ~= 0 then
-    error({err = 'ERR airlock: TTL out of range (1 ms to ten years): ' .. tostring(raw)})
+    error('ERR airlock: TTL out of range (1 ms to ten years): ' .. tostring(raw))
   end
   return ms
 end
@@ -38,7 +40,7 @@ end
 -- written with anything else in its header would not parse.
 local function digits_arg(raw, most)
   if type(raw) ~= 'string' or #raw > most or not string.find(raw, '^%d+$') then
-    error({err = 'ERR airlock: not a decimal number of at most ' .. most .. ' digits: ' .. tostring(raw)})
+    error('ERR airlock: not a decimal number of at most ' .. most .. ' digits: ' .. tostring(raw))
   end
   return raw
 end
@@ -111,6 +113,28 @@ local function value_of(r)
   return r.value or string.sub(r.raw, r.value_at)
 end
 
+-- Set by the transitions that end a call (commit, settle, resolve); never by begin.
+local ends_a_call = false
+
+-- SET with a TTL. With maxmemory reached under noeviction, Redis refuses a script's FIRST write that
+-- may grow memory, never one after a write (a script stays atomic). A transition that ends a call
+-- replaces a record that is already there, so when its SET is refused for memory it deletes the
+-- record and writes again: a release, a settle or a commit is never lost to OOM (the tool ran, or
+-- certainly did not). A begin is refused as before, so no new call starts while memory is full.
+local function set_px(record, body, ttl)
+  if not ends_a_call then
+    redis.call('SET', record, body, 'PX', ttl)
+    return
+  end
+  local reply = redis.pcall('SET', record, body, 'PX', ttl)
+  if type(reply) == 'table' and reply.err then
+    if string.find(reply.err, '^%-?OOM') then
+      redis.call('DEL', record)
+    end
+    redis.call('SET', record, body, 'PX', ttl)  -- any other refusal raises here, as before
+  end
+end
+
 -- Write `r` over the key, with its TTL, in one command.
 local function write(record, r, ttl)
   local body = table.concat({
@@ -118,7 +142,7 @@ local function write(record, r, ttl)
     #r.owner, ',', #r.key, ',', #r.tool, ',', #r.mac, ',', #r.released, ';',
     r.owner, r.key, r.tool, r.mac, r.released, value_of(r),
   })
-  redis.call('SET', record, body, 'PX', ttl)
+  set_px(record, body, ttl)
 end
 
 -- The common commit without parsing the record into a table: a pending record with no MAC, no released
@@ -135,10 +159,10 @@ local function commit_in_place(record, raw, token, stored, value, mac, now, ttl)
   if #raw ~= owner_end + tonumber(lk) + tonumber(lt) or string.sub(raw, stop + 1, owner_end) ~= token then
     return false
   end
-  redis.call('SET', record, table.concat({
+  set_px(record, table.concat({
     'ac,', attempt, ',', begun, ',', now, ',', stored, ',', lo, ',', lk, ',', lt, ',', #mac, ',0;',
     string.sub(raw, stop + 1), mac, value,
-  }), 'PX', ttl)
+  }), ttl)
   return true
 end
 

@@ -12,6 +12,7 @@
 -- A damaged record is still a record here, so that an operator can resolve it: a string that does not
 -- parse (its status, key and owner unknown: only a verdict without those checks applies), or a hash, a
 -- record of an earlier release, read field by field and written again in this layout.
+ends_a_call = true
 local record = KEYS[1]
 local verdict, expect_key, operator = ARGV[1], ARGV[2], ARGV[3]
 local expect_status, expect_owner = ARGV[9], ARGV[10]

@@ -9,6 +9,7 @@
 --         again, unknown). A key of another type is an error (WRONGTYPE), as in commit.
 -- Release leaves a tombstone of the token rather than nothing (see common.lua). Only a pending record
 -- changes: a committed or unknown one is never released or marked here.
+ends_a_call = true
 local record = KEYS[1]
 local token, settlement = ARGV[1], ARGV[2]
 local unknown_ttl, tombstone_ttl = ttl_arg(ARGV[3]), ttl_arg(ARGV[7])

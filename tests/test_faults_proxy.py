@@ -89,8 +89,8 @@ def test_one_lost_or_cut_step_is_resent_harmlessly(
         assert rule.applied == 1
         assert rule.seen >= 2, "redis-py did not re-send the command"
         if action in REACHES_SERVER:
-            # begin (a script, or first a SET NX where the key held nothing), commit, and the re-sent one
-            assert proxy.forwarded["EVALSHA"] + proxy.forwarded["SET"] >= 3
+            # begin (a script, or first a SET NX where the key held nothing), commit (EVAL), and the re-sent one
+            assert proxy.forwarded["EVALSHA"] + proxy.forwarded["EVAL"] + proxy.forwarded["SET"] >= 3
         retry_same = tools.call(tool_call_id, kind=kind, phase="retry")
         direct = Tools(RedisEffectStore(upstream.url, namespace=namespace), history)
         retry_direct = direct.call(tool_call_id, kind="async" if kind == "sync" else "sync", phase="retry")
@@ -128,8 +128,8 @@ def test_begin_that_never_gets_through_refuses_and_never_runs_twice(
     assert (retry.result, again.result) == ("executed", "replayed")
     assert history.runs[tool_call_id] == 1
     if action in REACHES_SERVER:
-        # begin (sent twice: a script, or the SET NX it tries first) and the guard's release
-        assert proxy.forwarded["EVALSHA"] + proxy.forwarded["SET"] >= 3
+        # begin (sent twice: a script, or the SET NX it tries first) and the guard's release (EVAL)
+        assert proxy.forwarded["EVALSHA"] + proxy.forwarded["EVAL"] + proxy.forwarded["SET"] >= 3
     assert history.runs[tool_call_id] <= 1
 
 

@@ -464,14 +464,15 @@ def test_no_script_calls_a_hash_command_on_the_common_path(
     redis_server: EmbeddedRedis, rstore: RedisEffectStore
 ) -> None:
     """A guarded call on a new id costs one plain SET NX (the begin, no script) and one script that
-    does one GET and one SET (the commit)."""
+    does one GET and one SET (the commit, sent as EVAL with its source)."""
     client = redis_server.client()
     client.config_resetstat()
     with tool_call_context("path-1"):
         assert EffectGuard(rstore).wrap(lambda: 1, name="charge")() == 1
     stats: dict[str, Any] = client.info("commandstats")
     called = {name.removeprefix("cmdstat_"): row["calls"] for name, row in stats.items()}
-    assert called.get("evalsha") == 1 and called.get("get") == 1 and called.get("set") == 2, called
+    assert called.get("eval") == 1 and called.get("get") == 1 and called.get("set") == 2, called
+    assert "evalsha" not in called, called
     assert not {"type", "hmget", "hset", "pexpire", "del", "exists"} & set(called), called
     client.close()
 

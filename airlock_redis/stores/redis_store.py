@@ -1,9 +1,15 @@
 """The effect store shared through Redis: one string per tool call (see :mod:`.layout`), every
 transition one Lua script.
 
-Every script is safe to re-send (redis-py re-sends a command after a timeout): the attempt's owner
-token makes a second ``begin`` or ``commit`` by the same attempt a no-op, and fences off an
-attempt that was superseded.
+Every script is safe to re-send (the store re-sends a command after a dropped connection or a
+timeout, see :mod:`.tries`): the attempt's owner token makes a second ``begin`` or ``commit`` by the
+same attempt a no-op, and fences off an attempt that was superseded.
+
+The transitions that end a call (commit, settle, resolve) travel as ``EVAL`` with the script's
+source, never as ``EVALSHA``: one that lands after its sender stopped waiting (delayed in the
+network, or a re-send) still runs on a server whose script cache a restart, a failover or
+``SCRIPT FLUSH`` emptied, where an ``EVALSHA`` would fail with NOSCRIPT and nobody would send it
+again. Begin may use ``EVALSHA``: a begin lost that way leaves no record, which refuses nothing.
 """
 
 from __future__ import annotations
@@ -38,12 +44,12 @@ from ..redaction import redact, without_password
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
-from .lane import AsyncLane, Lane
 from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import ServerFacts
 from .server_facts import report as report_facts
+from .tries import RETRIES, Tries, makes_one_try, never_sent
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
 from .url import (
     NODE_KWARGS,
@@ -61,6 +67,10 @@ T = TypeVar("T")
 DEFAULT_URL = "redis://localhost:6379/0"
 _TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _REDIS_FAILURES = (redis.RedisError, OSError)
+# Sent as EVAL with their source: they must run when they land, whatever the script cache holds.
+_ENDING = frozenset({"commit", "settle", "resolve"})
+# The largest bulk string a server takes when it does not say (Redis' default proto-max-bulk-len)
+DEFAULT_MAX_BULK = 512 * 1024 * 1024
 log = logging.getLogger("airlock_redis")
 
 
@@ -82,9 +92,9 @@ class RedisEffectStore:
     ``wait_replicas=N`` (with ``wait_timeout`` seconds) makes every started attempt wait until N
     replicas hold its pending record before the tool runs (see :mod:`.durability`).
 
-    ``short_path`` (on by default) sends begin and the scripts on kept connections of the client's
-    pool, without redis-py's per-command machinery (see :mod:`.lane`); ``short_path=False`` sends every
-    command through the client's ``execute_command``, for tracing or metrics that wrap it.
+    Every command goes through the redis-py client's public API (``execute_command``, pipelines).
+    Clients the store builds from ``url`` make one try per command and the store re-sends, seeing
+    every try (see :mod:`.tries`); a client passed in keeps its own retry policy.
     """
 
     def __init__(
@@ -101,7 +111,6 @@ class RedisEffectStore:
         socket_connect_timeout: float | None = 5.0,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
-        short_path: bool = True,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
@@ -116,6 +125,8 @@ class RedisEffectStore:
         self._replica_wait = ReplicaWait(wait_replicas, wait_timeout) if wait_replicas else None
         self._facts: ServerFacts | None = None
         self._facts_checked = False
+        # the largest value a commit sends (a larger argument makes the server drop the connection)
+        self.max_value_bytes = DEFAULT_MAX_BULK
         if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
             # WAIT holds its connection up to wait_timeout: a read timeout no longer than that cuts
             # every WAIT that must wait, and begin fails with a socket timeout after it wrote a pending
@@ -132,9 +143,13 @@ class RedisEffectStore:
                     "(create the client with decode_responses=False)"
                 )
         self._client: SyncClient | None = client
-        # the short path for begin and the scripts (None: through the client; see .lane)
-        self._short_path = bool(short_path)
-        self._lane: Lane | None = self._lane_of(client) if client is not None else None
+        # the store re-sends by itself only on clients it built to make one try (see .tries)
+        self._own_tries = (
+            client is None and self._parsed_url is not None and self._parsed_url.kind != "cluster"
+        )
+        if client is not None and makes_one_try(client):
+            self._own_tries = True
+        self._async_own_tries = async_client is None and self._own_tries
         self._async_factory = self._pick_async_factory(async_client)
         # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
         # connections refer to their loop, so weak keys would never be freed. Each client we made is
@@ -153,7 +168,8 @@ class RedisEffectStore:
             return cast(Callable[[], AsyncClient], async_client)
         if self._parsed_url is not None and self._parsed_url.kind != "single":
             parsed, options = self._parsed_url, dict(self._timeouts)
-            return lambda: url_async_client(parsed, **options)
+            retries = 0 if parsed.kind == "sentinel" else RETRIES  # Cluster: redis-py's own policy
+            return lambda: url_async_client(parsed, retries=retries, **options)
         if self.url is not None:
             url = self.url
             timeouts = self._timeouts
@@ -165,7 +181,7 @@ class RedisEffectStore:
                     url,
                     decode_responses=False,
                     timeout=timeouts["socket_timeout"],
-                    **async_retry_options(),
+                    **async_retry_options(0),
                     **timeouts,
                 )
                 return aredis.Redis.from_pool(pool)
@@ -198,21 +214,44 @@ class RedisEffectStore:
                     "or client= (a redis-py client)"
                 )
             assert self._parsed_url is not None
-            self._client = sync_client(self._parsed_url, **self._timeouts)
-            self._lane = self._lane_of(self._client)
+            retries = 0 if self._own_tries else RETRIES
+            self._client = sync_client(self._parsed_url, retries=retries, **self._timeouts)
         return self._client
 
-    def _lane_of(self, client: SyncClient) -> Lane | None:
-        return Lane.of(client) if self._short_path else None
+    def _tries(self) -> Tries:
+        return Tries(RETRIES) if self._own_tries else Tries.blind()
 
-    def _command(self, *args: Any) -> Any:
-        """Send one command (raw reply) on the lane when there is one, else through the client."""
-        client = self.client
-        lane = self._lane
-        if lane is not None:
-            return lane.execute(*args)
-        send: Any = client.execute_command  # through Any: typed or not in the redis-py installed
-        return send(*args)
+    def _async_tries(self) -> Tries:
+        return Tries(RETRIES) if self._async_own_tries else Tries.blind()
+
+    def _guarded(self, operation: Callable[[], T]) -> T:
+        """Run ``operation`` (some redis-py calls), re-sending it after a dropped connection or a
+        timeout; a failure becomes a StoreError that says whether ANY try may have landed."""
+        tries = self._tries()
+        while True:
+            try:
+                return operation()
+            except _REDIS_FAILURES as exc:
+                pause = tries.failed(exc)
+                if pause is None:
+                    raise _failure(exc, tries.maybe_sent) from exc
+            time.sleep(pause)
+
+    async def _aguarded(self, operation: Callable[[], Awaitable[T]]) -> T:
+        tries = self._async_tries()
+        while True:
+            try:
+                return await operation()
+            except _REDIS_FAILURES as exc:
+                pause = tries.failed(exc)
+                if pause is None:
+                    raise _failure(exc, tries.maybe_sent) from exc
+            await asyncio.sleep(pause)
+
+    def _send(self, *args: Any) -> Any:
+        """One command through the client (raw reply), with the store's tries."""
+        send: Any = self.client.execute_command  # through Any: typed or not in the redis-py installed
+        return self._guarded(lambda: send(*args))
 
     # -- server facts and durability (wait_replicas) ----------------------------------------------
     @property
@@ -263,7 +302,7 @@ class RedisEffectStore:
         key, source = self.key(request.tool_call_id), script_source("begin")
         args = self._begin_args(request)
         try:
-            reply, acks = _guarded(
+            reply, acks = self._guarded(
                 lambda: wait.begin(
                     self.client, key=key, sha=_SHAS["begin"], source=source, args=args, facts=self._facts
                 )
@@ -283,7 +322,7 @@ class RedisEffectStore:
         key, source = self.key(request.tool_call_id), script_source("begin")
         args = self._begin_args(request)
         try:
-            reply, acks = await _aguarded(
+            reply, acks = await self._aguarded(
                 lambda: wait.abegin(
                     self.async_client(),
                     key=key,
@@ -317,8 +356,7 @@ class RedisEffectStore:
                 )
             self._forget_closed_loops()
             client = self._async_factory()
-            lane = AsyncLane.of(client) if self._short_path else None
-            held = self._async_clients[loop] = _LoopClient(client, lane)
+            held = self._async_clients[loop] = _LoopClient(client)
             if self._owns_async_clients:
                 held.closer = self._close_with_loop(loop, held)
                 _step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
@@ -421,17 +459,17 @@ class RedisEffectStore:
 
     # -- blocking operations ---------------------------------------------------------------------
     def _run(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
-        """EVALSHA the script on the record's key, loading it once on NOSCRIPT (after a restart,
-        a failover or SCRIPT FLUSH). Straight to the client: no Script object in the hot path."""
-        key = self.key(tool_call_id)
-        try:
+        """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
+        send: Any = self.client.execute_command
+        command = _script_command(name, self.key(tool_call_id), args)
+
+        def run() -> Any:
             try:
-                return self._command("EVALSHA", _SHAS[name], 1, key, *args)
-            except NoScriptError:
-                self.client.script_load(script_source(name))
-                return self._command("EVALSHA", _SHAS[name], 1, key, *args)
-        except _REDIS_FAILURES as exc:
-            raise _failure(exc) from exc
+                return send(*command)
+            except NoScriptError:  # begin only: the cache was emptied; EVAL loads it again
+                return send("EVAL", script_source(name), *command[2:])
+
+        return self._guarded(run)
 
     def _first_record(self, request: BeginRequest) -> bytes | None:
         """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
@@ -452,12 +490,9 @@ class RedisEffectStore:
         if self._replica_wait is not None:
             return self._begin_waited(request)
         record = self._first_record(request)
-        if record is not None:
-            try:
-                if self._command("SET", self.key(request.tool_call_id), record, "NX", "PX", self._pending_ms):
-                    return _STARTED_FIRST
-            except _REDIS_FAILURES as exc:
-                raise _failure(exc) from exc
+        key = self.key(request.tool_call_id)
+        if record is not None and self._send("SET", key, record, "NX", "PX", self._pending_ms):
+            return _STARTED_FIRST
         return parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request)))
 
     def commit(
@@ -493,39 +528,42 @@ class RedisEffectStore:
             pipe.pttl(key)
             return pipe.execute(raise_on_error=False)
 
-        data, pttl = _guarded(read)
+        data, pttl = self._guarded(read)
         if isinstance(data, BaseException):  # no string: what does the key hold?
-            kind, status = _guarded(lambda: _kind_and_status(self.client.pipeline(transaction=False), key))
+            pipe = self.client.pipeline(transaction=False)
+            kind, status = self._guarded(lambda: _kind_and_status(pipe, key))
             return _not_a_string(tool_call_id, data, kind, status)
         return parse_record(tool_call_id, data, int(pttl))
 
     def ping(self) -> bool:
-        return bool(_guarded(self.client.ping))
+        return bool(self._guarded(self.client.ping))
 
     def load_scripts(self) -> None:
         """Load every script into the server's cache now (they load on first use otherwise)."""
         for name in SCRIPT_NAMES:
-            _guarded(lambda name=name: self.client.script_load(script_source(name)))  # type: ignore[misc]
+            self._guarded(lambda name=name: self.client.script_load(script_source(name)))  # type: ignore[misc]
 
     def close(self) -> None:
-        if self._lane is not None:
-            self._lane.close()
         if self._client is not None:
             self._client.close()
 
     # -- coroutine operations --------------------------------------------------------------------
     async def _arun(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
         """Coroutine form of :meth:`_run`."""
-        held = self._loop_client()
-        key = self.key(tool_call_id)
-        try:
+        send: Any = self.async_client().execute_command
+        command = _script_command(name, self.key(tool_call_id), args)
+
+        async def run() -> Any:
             try:
-                return await held.command("EVALSHA", _SHAS[name], 1, key, *args)
+                return await send(*command)
             except NoScriptError:
-                await held.client.script_load(script_source(name))
-                return await held.command("EVALSHA", _SHAS[name], 1, key, *args)
-        except _REDIS_FAILURES as exc:
-            raise _failure(exc) from exc
+                return await send("EVAL", script_source(name), *command[2:])
+
+        return await self._aguarded(run)
+
+    async def _asend(self, *args: Any) -> Any:
+        send: Any = self.async_client().execute_command
+        return await self._aguarded(lambda: send(*args))
 
     async def abegin(self, request: BeginRequest) -> BeginOutcome:
         if not self._facts_checked:
@@ -533,15 +571,9 @@ class RedisEffectStore:
         if self._replica_wait is not None:
             return await self._abegin_waited(request)
         record = self._first_record(request)
-        if record is not None:
-            held = self._loop_client()
-            try:
-                if await held.command(
-                    "SET", self.key(request.tool_call_id), record, "NX", "PX", self._pending_ms
-                ):
-                    return _STARTED_FIRST
-            except _REDIS_FAILURES as exc:
-                raise _failure(exc) from exc
+        key = self.key(request.tool_call_id)
+        if record is not None and await self._asend("SET", key, record, "NX", "PX", self._pending_ms):
+            return _STARTED_FIRST
         return parse_begin(await self._arun("begin", request.tool_call_id, self._begin_args(request)))
 
     async def acommit(
@@ -577,7 +609,7 @@ class RedisEffectStore:
             pipe.pttl(key)
             return await pipe.execute(raise_on_error=False)
 
-        data, pttl = await _aguarded(read)
+        data, pttl = await self._aguarded(read)
         if isinstance(data, BaseException):
 
             async def inspect() -> tuple[str, Any]:
@@ -587,7 +619,7 @@ class RedisEffectStore:
                 kind, fields = await pipe.execute(raise_on_error=False)
                 return _text(kind), fields[0] if isinstance(fields, list) else None
 
-            kind, status = await _aguarded(inspect)
+            kind, status = await self._aguarded(inspect)
             return _not_a_string(tool_call_id, data, kind, status)
         return parse_record(tool_call_id, data, int(pttl))
 
@@ -605,21 +637,12 @@ class RedisEffectStore:
 
 @dataclass(eq=False)
 class _LoopClient:
-    """One event loop's asyncio client, its registered scripts, and the hook that closes it."""
+    """One event loop's asyncio client, and the hook that closes it."""
 
     client: AsyncClient
-    lane: AsyncLane | None = None  # the short path for begin and the scripts (see .lane)
     closer: AsyncGenerator[None, None] | None = None
 
-    async def command(self, *args: Any) -> Any:
-        """Send one command (raw reply) on the lane when there is one, else through the client."""
-        if self.lane is not None:
-            return await self.lane.execute(*args)
-        return await self.client.execute_command(*args)
-
     async def aclose(self) -> None:
-        if self.lane is not None:
-            await self.lane.aclose()
         await self.client.aclose()
 
 
@@ -709,7 +732,15 @@ def _not_a_string(tool_call_id: str, error: BaseException, kind: str, status: An
     raise CorruptRecordError(f"the key of the record of {tool_call_id!r} holds a {kind}, not a string")
 
 
-def _failure(exc: BaseException) -> StoreError:
+def _script_command(name: str, key: bytes, args: list[Any]) -> tuple[Any, ...]:
+    """The command that runs a script: EVAL with the source for the transitions that end a call,
+    EVALSHA for begin (see the module docstring)."""
+    if name in _ENDING:
+        return ("EVAL", script_source(name), 1, key, *args)
+    return ("EVALSHA", _SHAS[name], 1, key, *args)
+
+
+def _failure(exc: BaseException, maybe_applied: bool | None = None) -> StoreError:
     message = f"Redis did not complete the operation: {type(exc).__name__}: {exc}"
     if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
         return CorruptRecordError(
@@ -721,27 +752,6 @@ def _failure(exc: BaseException) -> StoreError:
             " (the Redis user's ACL does not allow this key or command: check that the store's "
             "namespace matches the user's key pattern, and the user's command list)"
         )
-    return StoreError(message, maybe_applied=_reply_may_be_lost(exc))
-
-
-def _reply_may_be_lost(exc: BaseException) -> bool:
-    """False when the command cannot have reached the server: an error reply (the server refused
-    it), or a failure to connect. True for a timeout or a connection lost while waiting."""
-    if isinstance(exc, redis.exceptions.ResponseError):
-        return False
-    text = str(exc).lower()
-    return "connecting" not in text and "connection refused" not in text
-
-
-def _guarded(operation: Callable[[], T]) -> T:
-    try:
-        return operation()
-    except _REDIS_FAILURES as exc:
-        raise _failure(exc) from exc
-
-
-async def _aguarded(operation: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await operation()
-    except _REDIS_FAILURES as exc:
-        raise _failure(exc) from exc
+    if maybe_applied is None:
+        maybe_applied = not never_sent(exc)
+    return StoreError(message, maybe_applied=maybe_applied)

@@ -27,35 +27,34 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException
 
 from ..redaction import redact
+from .tries import RETRIES, RETRY_BACKOFF
 
 # The retry policy of the clients built here for one server or a Sentinel-managed primary: a command
 # whose connection dropped or timed out is sent again, up to RETRIES more times, after a short
-# randomised backoff. Every transition script is safe to re-send (the attempt's owner token; see
-# lua/*.lua). Cluster clients keep redis-py's own cluster retry policy, which already re-sends.
-RETRIES = 2
-RETRY_BACKOFF = (0.05, 0.5)  # seconds: base and cap of the exponential backoff with jitter
+# randomised backoff. The effect store asks for retries=0 and re-sends by itself, so that it sees
+# every try's error (see tries.py). Cluster clients keep redis-py's own cluster retry policy.
 
 
-def retry_options() -> dict[str, Any]:
+def retry_options(retries: int = RETRIES) -> dict[str, Any]:
     """``retry`` and ``retry_on_error`` for a blocking client's connections."""
     from redis.backoff import ExponentialWithJitterBackoff
     from redis.retry import Retry
 
     base, cap = RETRY_BACKOFF
     return {
-        "retry": Retry(ExponentialWithJitterBackoff(base=base, cap=cap), RETRIES),
+        "retry": Retry(ExponentialWithJitterBackoff(base=base, cap=cap), retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
     }
 
 
-def async_retry_options() -> dict[str, Any]:
+def async_retry_options(retries: int = RETRIES) -> dict[str, Any]:
     """The same policy for asyncio clients."""
     from redis.asyncio.retry import Retry as AsyncRetry
     from redis.backoff import ExponentialWithJitterBackoff
 
     base, cap = RETRY_BACKOFF
     return {
-        "retry": AsyncRetry(ExponentialWithJitterBackoff(base=base, cap=cap), RETRIES),
+        "retry": AsyncRetry(ExponentialWithJitterBackoff(base=base, cap=cap), retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
     }
 
@@ -141,18 +140,19 @@ def parse_url(url: str) -> RedisURL:
     return RedisURL("sentinel", url, tls, hosts, segments[0], db, username, password, options)
 
 
-def sync_client(url: str | RedisURL, **kwargs: Any) -> SyncClient:
-    """A blocking client for ``url``; ``kwargs`` (timeouts) apply to every data connection."""
+def sync_client(url: str | RedisURL, *, retries: int = RETRIES, **kwargs: Any) -> SyncClient:
+    """A blocking client for ``url``; ``kwargs`` (timeouts) apply to every data connection;
+    ``retries`` is how often a single server's or a Sentinel primary's command is sent again."""
     parsed = url if isinstance(url, RedisURL) else parse_url(url)
     if parsed.kind == "single":
-        return redis.Redis.from_url(parsed.url, decode_responses=False, **retry_options(), **kwargs)
+        return redis.Redis.from_url(parsed.url, decode_responses=False, **retry_options(retries), **kwargs)
     options = {**parsed.connection_kwargs(), **kwargs}
     if parsed.kind == "cluster":
         nodes = [ClusterNode(host, port) for host, port in parsed.hosts]
         return RedisCluster(startup_nodes=nodes, decode_responses=False, **options)
     from redis.sentinel import Sentinel
 
-    options.update(retry_options())
+    options.update(retry_options(retries))
 
     sentinel = Sentinel(
         list(parsed.hosts),
@@ -165,18 +165,20 @@ def sync_client(url: str | RedisURL, **kwargs: Any) -> SyncClient:
     return client
 
 
-def async_client(url: str | RedisURL, **kwargs: Any) -> AsyncClient:
+def async_client(url: str | RedisURL, *, retries: int = RETRIES, **kwargs: Any) -> AsyncClient:
     """An asyncio client for ``url`` (bound to the event loop that first uses it)."""
     parsed = url if isinstance(url, RedisURL) else parse_url(url)
     if parsed.kind == "single":
-        return aredis.Redis.from_url(parsed.url, decode_responses=False, **async_retry_options(), **kwargs)
+        return aredis.Redis.from_url(
+            parsed.url, decode_responses=False, **async_retry_options(retries), **kwargs
+        )
     options = {**parsed.connection_kwargs(), **kwargs}
     if parsed.kind == "cluster":
         nodes = [AsyncClusterNode(host, port) for host, port in parsed.hosts]
         return AsyncRedisCluster(startup_nodes=nodes, decode_responses=False, **options)
     from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 
-    options.update(async_retry_options())
+    options.update(async_retry_options(retries))
 
     sentinel = AsyncSentinel(
         list(parsed.hosts),

@@ -1,0 +1,28 @@
+"""What a Redis user needs to be allowed for the effect store to work: one list, read by the store's
+first-use check, by ``doctor`` and by the ACL recipe in docs/security.md.
+
+Every command here runs on the record keys (``<namespace>:{<tag>}:<tool_call_id>``) or on none.
+"""
+
+from __future__ import annotations
+
+# Sent by the store itself on the record keys: begin (SET NX, or the begin script), the transitions
+# (EVAL with the script's source, so that one that lands late still runs on an emptied script cache),
+# the replay read (GET and PTTL in one pipeline, TYPE and HMGET when the key holds no string).
+CLIENT_COMMANDS: tuple[str, ...] = ("get", "set", "pttl", "evalsha", "eval", "type", "hmget", "ping")
+
+# Called from inside the Lua scripts: a user must be allowed these too (ACLs apply inside scripts).
+SCRIPT_COMMANDS: tuple[str, ...] = ("get", "set", "del", "pexpire", "type", "hmget")
+
+# Sent only with wait_replicas (WAITAOF only where every primary has an append-only file, 7.2+).
+DURABILITY_COMMANDS: tuple[str, ...] = ("wait", "waitaof")
+
+# Read once per store when allowed; refused, the store goes on without them (no eviction warning, and
+# the default proto-max-bulk-len of 512 MB assumed).
+OPTIONAL_COMMANDS: tuple[str, ...] = ("info", "config|get")
+
+
+def required_commands(*, wait_replicas: bool = False) -> tuple[str, ...]:
+    """Every command the store cannot work without, each once, in a stable order."""
+    wanted = CLIENT_COMMANDS + SCRIPT_COMMANDS + (DURABILITY_COMMANDS if wait_replicas else ())
+    return tuple(dict.fromkeys(wanted))
