@@ -128,7 +128,7 @@ local function set_px(record, body, ttl)
   end
   local reply = redis.pcall('SET', record, body, 'PX', ttl)
   if type(reply) == 'table' and reply.err then
-    if string.find(reply.err, '^%-?OOM') then
+    if string.find(reply.err, 'OOM command not allowed', 1, true) then  -- 6.2 puts the line first
       redis.call('DEL', record)
     end
     redis.call('SET', record, body, 'PX', ttl)  -- any other refusal raises here, as before

@@ -24,6 +24,7 @@ from airlock_redis.core.records import BeginKind, BeginRequest, Settlement, Tran
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.operator import list_records, read_record
 from airlock_redis.stores import layout
+from airlock_redis.stores.acl import required_commands
 from airlock_redis.stores.layout import KEY_HEX, TOKEN_HEX, StoredRecord, pack, pack_id, parse, unpack_id
 from airlock_redis.stores.scripts import script_source
 
@@ -441,7 +442,7 @@ def test_a_tenant_without_hash_commands_still_refuses_a_hash(
     closed (an ACL error), and the common path needs neither."""
     admin = redis_server.client()
     user = f"u{secrets.token_hex(4)}"
-    commands = ["-@all", "+evalsha", "+script|load", "+get", "+set", "+pexpire", "+pttl", "+ping"]
+    commands = ["-@all"] + [f"+{c}" for c in required_commands() if c not in ("type", "hmget")]
     admin.acl_setuser(
         user, enabled=True, passwords=["+pw"], keys=[f"{namespace}:*"], commands=commands, reset=True
     )
@@ -464,8 +465,11 @@ def test_no_script_calls_a_hash_command_on_the_common_path(
     redis_server: EmbeddedRedis, rstore: RedisEffectStore
 ) -> None:
     """A guarded call on a new id costs one plain SET NX (the begin, no script) and one script that
-    does one GET and one SET (the commit, sent as EVAL with its source)."""
+    does one GET and one SET (the commit, sent as EVAL with its source). The store's first begin
+    is the script instead (it proves the user may run scripts before any tool runs)."""
     client = redis_server.client()
+    with tool_call_context("path-0"):
+        assert EffectGuard(rstore).wrap(lambda: 0, name="charge")() == 0
     client.config_resetstat()
     with tool_call_context("path-1"):
         assert EffectGuard(rstore).wrap(lambda: 1, name="charge")() == 1
@@ -481,14 +485,17 @@ def test_no_script_calls_a_hash_command_on_the_common_path(
 def test_a_begin_on_a_new_key_writes_what_the_script_writes(
     redis_server: EmbeddedRedis, rstore: RedisEffectStore, tool: str
 ) -> None:
-    """The begin's SET NX (ASCII tool names; others go through the script) writes the record the
-    begin script writes where the key holds nothing, byte for byte but for the time it began."""
+    """The begin's SET NX (any tool name, as UTF-8) writes the record the begin script writes where
+    the key holds nothing, byte for byte but for the time it began. (A store's first begin is the
+    script: it proves the user may run scripts before any tool runs.)"""
     client = redis_server.client()
     token, key = secrets.token_hex(16), secrets.token_hex(32)
+    assert rstore.begin(BeginRequest("first", key, tool, token, False)).kind is BeginKind.STARTED
     client.config_resetstat()
     assert rstore.begin(BeginRequest("fast-1", key, tool, token, False)).kind is BeginKind.STARTED
-    scripts = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-    assert scripts == (0 if tool.isascii() else 1)
+    stats = client.info("commandstats")
+    scripts = sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("eval", "evalsha"))
+    assert scripts == 0
     args = (layout.pack_key(key), tool, layout.pack_token(token), "0", 60_000, 1_700_000_000_000)
     assert client.eval(script_source("begin"), 1, rstore.key("script-1"), *args) == [b"started", 1]
     fast_raw, scripted_raw = client.get(rstore.key("fast-1")), client.get(rstore.key("script-1"))

@@ -26,6 +26,7 @@ from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
@@ -47,7 +48,7 @@ from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
-from .server_facts import ServerFacts
+from .server_facts import DEFAULT_MAX_BULK, ServerFacts, max_bulk_of
 from .server_facts import report as report_facts
 from .tries import RETRIES, Tries, makes_one_try, never_sent
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
@@ -69,8 +70,7 @@ _TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _REDIS_FAILURES = (redis.RedisError, OSError)
 # Sent as EVAL with their source: they must run when they land, whatever the script cache holds.
 _ENDING = frozenset({"commit", "settle", "resolve"})
-# The largest bulk string a server takes when it does not say (Redis' default proto-max-bulk-len)
-DEFAULT_MAX_BULK = 512 * 1024 * 1024
+_MAX_BULK = "proto-max-bulk-len"
 log = logging.getLogger("airlock_redis")
 
 
@@ -79,6 +79,12 @@ _STARTED_FIRST = BeginOutcome(BeginKind.STARTED, attempt=1)
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def tool_bytes(tool: str) -> bytes:
+    """A tool's name as the records hold it: UTF-8, a lone surrogate kept as its three bytes (a name
+    that ``json.loads`` made from a model's escaped text), so that every store takes every name."""
+    return tool.encode("utf-8", "surrogatepass")
 
 
 class RedisEffectStore:
@@ -125,6 +131,7 @@ class RedisEffectStore:
         self._replica_wait = ReplicaWait(wait_replicas, wait_timeout) if wait_replicas else None
         self._facts: ServerFacts | None = None
         self._facts_checked = False
+        self._scripts_run = False  # until a begin ran the begin script, begins go by script (see begin)
         # the largest value a commit sends (a larger argument makes the server drop the connection)
         self.max_value_bytes = DEFAULT_MAX_BULK
         if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
@@ -265,25 +272,36 @@ class RedisEffectStore:
             report_facts(facts, repr(self))
 
     def check_server(self) -> ServerFacts | None:
-        """Read the server facts now (a logged warning if the eviction policy can delete records)."""
+        """Read the server facts now (a logged warning if the eviction policy can delete records),
+        and the largest argument the primaries take (``proto-max-bulk-len``, where CONFIG is allowed)."""
+        client = self.client
         try:
-            facts: ServerFacts | None = read_facts(self.client)
+            facts: ServerFacts | None = read_facts(client)
         except _REDIS_FAILURES as exc:  # INFO refused (ACL) or the server is down: begin will tell
             log.info("airlock_redis: could not read the server's settings (%s)", exc)
             if not isinstance(exc, redis.ResponseError):
                 return None  # unreachable now: try again on the next begin
             facts = None
+        try:
+            self.max_value_bytes = max_bulk_of(client.config_get(_MAX_BULK, **_on_primaries(client)))
+        except _REDIS_FAILURES:  # CONFIG refused or renamed (managed services): Redis' default
+            self.max_value_bytes = DEFAULT_MAX_BULK
         self._learn_server(facts)
         return facts
 
     async def acheck_server(self) -> ServerFacts | None:
+        client = self.async_client()
         try:
-            facts: ServerFacts | None = await aread_facts(self.async_client())
+            facts: ServerFacts | None = await aread_facts(client)
         except _REDIS_FAILURES as exc:
             log.info("airlock_redis: could not read the server's settings (%s)", exc)
             if not isinstance(exc, redis.ResponseError):
                 return None
             facts = None
+        try:
+            self.max_value_bytes = max_bulk_of(await client.config_get(_MAX_BULK, **_on_primaries(client)))
+        except _REDIS_FAILURES:
+            self.max_value_bytes = DEFAULT_MAX_BULK
         self._learn_server(facts)
         return facts
 
@@ -390,7 +408,7 @@ class RedisEffectStore:
     def _begin_args(self, request: BeginRequest) -> list[Any]:
         return [
             pack_key(request.idempotency_key),
-            request.tool,
+            tool_bytes(request.tool),
             pack_token(request.token),
             b"1" if request.reversible else b"0",
             self._pending_ms,
@@ -398,18 +416,34 @@ class RedisEffectStore:
         ]
 
     def _commit_args(
-        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+        self,
+        request: BeginRequest,
+        attempt: int,
+        value: bytes | None,
+        mac: bytes | None,
+        ttl_ms: int | None = None,
     ) -> list[Any]:
+        if value is not None and len(value) > self.max_value_bytes:
+            log.warning(
+                "airlock_redis: the result of %s under tool_call_id=%r is %d bytes, over the server's "
+                "proto-max-bulk-len (%d): it is committed without its value, and replays are refused "
+                "(result_not_stored)",
+                request.tool,
+                request.tool_call_id,
+                len(value),
+                self.max_value_bytes,
+            )
+            value, mac = None, None
         stored, data = (b"0", b"") if value is None else (b"1", value)
         return [
             pack_token(request.token),
             stored,
             data,
             mac or b"",
-            self._committed_ms,
+            self._committed_ms if ttl_ms is None else ttl_ms,
             _now_ms(),
             pack_key(request.idempotency_key),
-            request.tool,
+            tool_bytes(request.tool),
             attempt,
         ]
 
@@ -419,7 +453,7 @@ class RedisEffectStore:
             settlement.value,
             self._unknown_ms,
             pack_key(request.idempotency_key),
-            request.tool,
+            tool_bytes(request.tool),
             attempt,
             _TOMBSTONE_MS,
         ]
@@ -458,10 +492,10 @@ class RedisEffectStore:
         ]
 
     # -- blocking operations ---------------------------------------------------------------------
-    def _run(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
+    def _run(self, name: str, tool_call_id: str, args: list[Any], with_source: bool = False) -> Any:
         """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
         send: Any = self.client.execute_command
-        command = _script_command(name, self.key(tool_call_id), args)
+        command = _script_command(name, self.key(tool_call_id), args, with_source)
 
         def run() -> Any:
             try:
@@ -471,29 +505,31 @@ class RedisEffectStore:
 
         return self._guarded(run)
 
-    def _first_record(self, request: BeginRequest) -> bytes | None:
+    def _first_record(self, request: BeginRequest) -> bytes:
         """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
-        that a begin can write it with a plain ``SET NX PX`` (no script, the common case); None
-        when the tool name is not ASCII (its bytes would depend on the client's encoding)."""
-        if not request.tool.isascii():
-            return None
+        that a begin can write it with a plain ``SET NX PX`` (no script, the common case)."""
         owner, key = pack_token(request.token), pack_key(request.idempotency_key)
-        return pack_pending(owner, key, request.tool.encode("ascii"), _now_ms())
+        return pack_pending(owner, key, tool_bytes(request.tool), _now_ms())
 
     # A begin first tries SET NX: it lands only where the key holds nothing, and writes exactly what
     # the script writes there, so "it landed" is the script's {"started", 1}. Anything else (a record,
     # a tombstone, a re-sent begin of this attempt, a key of another type) goes to the script, which
     # decides as before. Not with wait_replicas: a WAIT would be sent for a SET that may not land.
+    # Not before a begin of this store has run a script either: until then the begin is the script,
+    # sent with its source (EVAL), so that a Redis user who may SET but not run scripts finds out
+    # before a tool runs, not at the commit after it (see acl.py for what a user needs).
     def begin(self, request: BeginRequest) -> BeginOutcome:
         if not self._facts_checked:
             self.check_server()
         if self._replica_wait is not None:
             return self._begin_waited(request)
-        record = self._first_record(request)
         key = self.key(request.tool_call_id)
-        if record is not None and self._send("SET", key, record, "NX", "PX", self._pending_ms):
+        proven = self._scripts_run
+        if proven and self._send("SET", key, self._first_record(request), "NX", "PX", self._pending_ms):
             return _STARTED_FIRST
-        return parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request)))
+        outcome = parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request), not proven))
+        self._scripts_run = True
+        return outcome
 
     def commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
@@ -548,10 +584,10 @@ class RedisEffectStore:
             self._client.close()
 
     # -- coroutine operations --------------------------------------------------------------------
-    async def _arun(self, name: str, tool_call_id: str, args: list[Any]) -> Any:
+    async def _arun(self, name: str, tool_call_id: str, args: list[Any], with_source: bool = False) -> Any:
         """Coroutine form of :meth:`_run`."""
         send: Any = self.async_client().execute_command
-        command = _script_command(name, self.key(tool_call_id), args)
+        command = _script_command(name, self.key(tool_call_id), args, with_source)
 
         async def run() -> Any:
             try:
@@ -572,9 +608,13 @@ class RedisEffectStore:
             return await self._abegin_waited(request)
         record = self._first_record(request)
         key = self.key(request.tool_call_id)
-        if record is not None and await self._asend("SET", key, record, "NX", "PX", self._pending_ms):
+        proven = self._scripts_run
+        if proven and await self._asend("SET", key, record, "NX", "PX", self._pending_ms):
             return _STARTED_FIRST
-        return parse_begin(await self._arun("begin", request.tool_call_id, self._begin_args(request)))
+        args = self._begin_args(request)
+        outcome = parse_begin(await self._arun("begin", request.tool_call_id, args, not proven))
+        self._scripts_run = True
+        return outcome
 
     async def acommit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
@@ -732,10 +772,17 @@ def _not_a_string(tool_call_id: str, error: BaseException, kind: str, status: An
     raise CorruptRecordError(f"the key of the record of {tool_call_id!r} holds a {kind}, not a string")
 
 
-def _script_command(name: str, key: bytes, args: list[Any]) -> tuple[Any, ...]:
+def _on_primaries(client: Any) -> dict[str, Any]:
+    """``target_nodes`` for a server command that must reach every primary of a Cluster."""
+    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return {"target_nodes": client.PRIMARIES}
+    return {}
+
+
+def _script_command(name: str, key: bytes, args: list[Any], with_source: bool = False) -> tuple[Any, ...]:
     """The command that runs a script: EVAL with the source for the transitions that end a call,
     EVALSHA for begin (see the module docstring)."""
-    if name in _ENDING:
+    if with_source or name in _ENDING:
         return ("EVAL", script_source(name), 1, key, *args)
     return ("EVALSHA", _SHAS[name], 1, key, *args)
 

@@ -17,6 +17,7 @@ from typing import Any
 log = logging.getLogger("airlock_redis")
 
 WAITAOF_SINCE = (7, 2, 0)
+DEFAULT_MAX_BULK = 512 * 1024 * 1024  # Redis' default proto-max-bulk-len: the largest argument taken
 
 
 def evicts_records(policy: str) -> bool:
@@ -91,6 +92,23 @@ def merge_info(*replies: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]
         for node, info in reply.items():
             merged.setdefault(node, {}).update(info)
     return merged
+
+
+def max_bulk_of(reply: Any) -> int:
+    """The smallest ``proto-max-bulk-len`` in a CONFIG GET reply (one server's, or a Cluster's per
+    node), or Redis' default when the reply names none."""
+    found: list[int] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for name, item in value.items():
+                if _text(name) == "proto-max-bulk-len" and _text(item).isdigit():
+                    found.append(int(_text(item)))
+                else:
+                    walk(item)
+
+    walk(reply)
+    return min(found) if found else DEFAULT_MAX_BULK
 
 
 def report(facts: ServerFacts, where: str) -> None:
