@@ -379,3 +379,36 @@ def test_a_tool_name_with_a_lone_surrogate_gets_the_same_answers_on_every_store(
         call(guard, "s-2", failing, kind, name=SURROGATE_NAME)
     assert call(guard, "s-2", failing, kind, name=SURROGATE_NAME) == "second"
     assert failures == ["x", "x"]
+
+
+# -- an error the client library does not wrap --------------------------------------------------------
+class _BrokenOnce(redis.Redis):
+    """A real client whose next ``SET`` fails inside the library with an error redis-py does not wrap
+    (seen: an AttributeError from its Cluster client on an ASK to a node it does not know)."""
+
+    broken = True
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        if self.broken and args and args[0] == "SET":
+            type(self).broken = False
+            raise AttributeError("'NoneType' object has no attribute 'redis_connection'")
+        return super().execute_command(*args, **options)
+
+
+def test_an_error_the_client_does_not_wrap_refuses_the_call_and_releases_it(
+    redis_server: EmbeddedRedis, namespace: str
+) -> None:
+    """The guard gets a store_unavailable refusal (the tool does not run), the store sends the release
+    of a begin that may have landed, and the retry runs the tool once. Before: the raw AttributeError
+    reached the caller, and the release's own failure would have too."""
+    client = _BrokenOnce.from_url(redis_server.url)
+    store = RedisEffectStore(client=client, namespace=namespace)
+    guard = EffectGuard(store)
+    assert call(guard, "warm", Runs(), "sync") == "done"  # the first begin is the script, not SET
+    tool = Runs()
+    with pytest.raises(EffectRefused) as refused:
+        call(guard, "odd-1", tool, "sync")
+    assert refused.value.reason == "store_unavailable" and "AttributeError" in str(refused.value)
+    assert tool.count == 0 and store.get("odd-1") is None
+    assert call(guard, "odd-1", tool, "sync") == "done" and tool.count == 1
+    client.close()

@@ -242,6 +242,10 @@ class RedisEffectStore:
                 pause = tries.failed(exc)
                 if pause is None:
                     raise _failure(exc, tries.maybe_sent) from exc
+            except StoreError:
+                raise
+            except Exception as exc:  # redis-py failed in a way it does not wrap (a bug of its own)
+                raise _unexpected(exc) from exc
             time.sleep(pause)
 
     async def _aguarded(self, operation: Callable[[], Awaitable[T]]) -> T:
@@ -253,6 +257,10 @@ class RedisEffectStore:
                 pause = tries.failed(exc)
                 if pause is None:
                     raise _failure(exc, tries.maybe_sent) from exc
+            except StoreError:
+                raise
+            except Exception as exc:
+                raise _unexpected(exc) from exc
             await asyncio.sleep(pause)
 
     def _send(self, *args: Any) -> Any:
@@ -785,6 +793,15 @@ def _script_command(name: str, key: bytes, args: list[Any], with_source: bool = 
     if with_source or name in _ENDING:
         return ("EVAL", script_source(name), 1, key, *args)
     return ("EVALSHA", _SHAS[name], 1, key, *args)
+
+
+def _unexpected(exc: Exception) -> StoreError:
+    """An error redis-py raised that is none of its own (seen: an AttributeError from its Cluster
+    client on an ASK to a node it does not know). Whether the command landed is unknown."""
+    return StoreError(
+        f"Redis did not complete the operation: the client failed unexpectedly: {type(exc).__name__}: {exc}",
+        maybe_applied=True,
+    )
 
 
 def _failure(exc: BaseException, maybe_applied: bool | None = None) -> StoreError:
