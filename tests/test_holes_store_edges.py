@@ -392,7 +392,8 @@ class _BrokenOnce(redis.Redis):
         if self.broken and args and args[0] == "SET":
             type(self).broken = False
             raise AttributeError("'NoneType' object has no attribute 'redis_connection'")
-        return super().execute_command(*args, **options)
+        send: Any = super().execute_command
+        return send(*args, **options)
 
 
 def test_an_error_the_client_does_not_wrap_refuses_the_call_and_releases_it(
