@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Coroutine, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -40,6 +40,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from ..core.errors import StoreError
+from .loop_steps import step as _step
 from .server_facts import ServerFacts, facts_from_info, merge_info, per_node
 from .url import AsyncClient, SyncClient, async_node_client
 
@@ -400,13 +401,3 @@ def _asked_address(manager: Any, ask: AskError, origin_host: str) -> tuple[str, 
     cluster client's ``address_remap``."""
     host, port = manager.remap_host_port(ask.host or origin_host, ask.port)
     return host, port
-
-
-def _step(step: Coroutine[Any, Any, Any]) -> None:
-    """Run one step of an async generator that does not suspend, from synchronous code."""
-    try:
-        step.send(None)
-    except StopIteration:
-        return
-    step.close()
-    raise RuntimeError("an async generator step suspended unexpectedly")

@@ -20,7 +20,7 @@ import logging
 import secrets
 import shlex
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -46,6 +46,7 @@ from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
+from .loop_steps import step as _step
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import DEFAULT_MAX_BULK, ServerFacts, max_bulk_of
@@ -692,16 +693,6 @@ class _LoopClient:
 
     async def aclose(self) -> None:
         await self.client.aclose()
-
-
-def _step(step: Coroutine[Any, Any, Any]) -> None:
-    """Run one step of an async generator that does not suspend, from synchronous code."""
-    try:
-        step.send(None)
-    except StopIteration:
-        return
-    step.close()
-    raise RuntimeError("an async generator step suspended unexpectedly")
 
 
 def async_twin_factory(client: redis.Redis) -> Callable[[], aredis.Redis] | None:
