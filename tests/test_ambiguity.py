@@ -17,7 +17,16 @@ packages where those are installed). A few rows use the real classes, skipped wh
 | a class the user listed, anywhere                                      | in doubt |
 | an exception group with any member in doubt                            | in doubt |
 | not an Exception (cancellation, interrupt, exit), anywhere             | in doubt |
+| an error raised after a client's retries (urllib3 MaxRetryError,       | in doubt |
+|   tenacity RetryError, SDK APIConnectionError), anywhere, whatever      |          |
+|   proof sits above or below it                                         |          |
+|   ... whose record (urllib3's Retry.history, tenacity's attempt        | released |
+|       number, the SDK's retries_taken) proves no earlier try was sent  |          |
+| a proof or an answer whose record shows an earlier try that was sent   | in doubt |
 | anything else                                                          | released |
+
+The records are read from the errors' tracebacks: stand-in frames (``frame_in``: a function whose
+module and name are those of the client code) hold them as locals, as the real code does.
 """
 
 from __future__ import annotations
@@ -32,9 +41,10 @@ import socket
 import ssl
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from types import SimpleNamespace
+from typing import Any, NamedTuple, cast
 
 import pytest
 
@@ -89,6 +99,82 @@ class U:  # urllib3.exceptions
     NameResolutionError = standin(M, "NameResolutionError", NewConnectionError)
     MaxRetryError = standin(M, "MaxRetryError", RequestError)
     ProtocolError = standin(M, "ProtocolError", HTTPError)
+
+
+class Retry:
+    """urllib3.util.retry.Retry: ``history`` records the earlier tries (kept here, not on the error)."""
+
+    def __init__(self, history: tuple[Any, ...] = ()) -> None:
+        self.history = history
+
+
+Retry.__module__, Retry.__qualname__ = "urllib3.util.retry", "Retry"
+
+
+class RequestHistory(NamedTuple):  # urllib3.util.retry.RequestHistory: one earlier try
+    method: str | None
+    url: str | None
+    error: Exception | None
+    status: int | None
+    redirect_location: str | None
+
+
+def frame_in(module: str, function: str, params: str) -> Callable[..., Any]:
+    """A function named ``function`` of the module ``module`` (its frame says so) that raises ``error``:
+    the stand-in of the client code that raised, with ``params`` as its locals."""
+    namespace: dict[str, Any] = {"__name__": module}
+    source = f"def {function}({params}):\n    raise error\n"
+    exec(compile(source, f"<stand-in {module}>", "exec"), namespace)
+    return cast(Callable[..., Any], namespace[function])
+
+
+def raised(function: Callable[..., Any], *args: Any) -> BaseException:
+    """The error ``function(*args)`` raises, with its traceback."""
+    try:
+        function(*args)
+    except BaseException as error:
+        return error
+    raise AssertionError(f"{function} did not raise")
+
+
+URLLIB3_INCREMENT = frame_in("urllib3.util.retry", "increment", "self, error")
+OPENAI_REQUEST = frame_in("openai._base_client", "request", "self, error, retries_taken")
+ANTHROPIC_REQUEST = frame_in("anthropic._base_client", "request", "self, error, retries_taken")
+OLD_OPENAI_REQUEST = frame_in("openai._base_client", "_request", "self, error, remaining_retries")
+
+Earlier = Sequence["BaseException | int"]  # earlier tries: the error each ended with, or an answered status
+
+
+def history(earlier: Earlier) -> tuple[RequestHistory, ...]:
+    return tuple(
+        RequestHistory("POST", "/charge", None, e, None)
+        if isinstance(e, int)
+        else RequestHistory("POST", "/charge", cast(Exception, e), None, None)
+        for e in earlier
+    )
+
+
+def urllib3_gave_up(error: BaseException, earlier: Earlier | None = ()) -> BaseException:
+    """``error`` as urllib3 raises it when its Retry gives up: from ``Retry.increment``, whose ``self``
+    holds the history of the ``earlier`` tries. ``earlier=None``: made by hand, with no record."""
+    return error if earlier is None else raised(URLLIB3_INCREMENT, Retry(history(earlier)), error)
+
+
+class T:  # tenacity
+    RetryError = standin("tenacity", "RetryError")
+
+
+class Attempt:  # tenacity.Future: the outcome of the last attempt
+    def __init__(self, attempt_number: Any) -> None:
+        self.attempt_number = attempt_number
+
+
+def tenacity_gave_up(attempts: Any, last: BaseException | None) -> BaseException:
+    """``raise RetryError(last_attempt) from last_attempt.exception()``, the last attempt numbered
+    ``attempts`` (``last=None``: that attempt returned a value)."""
+    error = T.RetryError("RetryError")
+    error.last_attempt = Attempt(attempts)  # type: ignore[attr-defined]
+    return error if last is None else chained(error, cause=last)
 
 
 class R:  # requests.exceptions
@@ -236,20 +322,23 @@ def not_a_group(*members: BaseException) -> BaseException:
 # -- chains the real libraries build -----------------------------------------------------------
 
 
-def requests_connect_refused() -> BaseException:
-    """requests.get to a closed port: ConnectionError <- MaxRetryError <- NewConnectionError <- refused."""
+def requests_connect_refused(earlier: Earlier | None = ()) -> BaseException:
+    """requests.get to a closed port: ConnectionError <- MaxRetryError <- NewConnectionError <- refused.
+    The MaxRetryError comes from urllib3's Retry with the ``earlier`` tries in its history (requests'
+    default adapter: none); see :func:`urllib3_gave_up`."""
     refused = ConnectionRefusedError(111, "Connection refused")
     new = chained(U.NewConnectionError("Failed to establish a new connection"), context=refused)
     new.__cause__ = refused
-    retry = chained(U.MaxRetryError("Max retries exceeded"), cause=new, context=new)
+    retry = urllib3_gave_up(chained(U.MaxRetryError("Max retries exceeded"), cause=new, context=new), earlier)
     return chained(R.ConnectionError(retry), context=retry)
 
 
-def requests_connect_timeout() -> BaseException:
+def requests_connect_timeout(earlier: Earlier | None = ()) -> BaseException:
     """requests.get(timeout=(0.1, 5)) to a blackhole: the connect timeout carries a socket.timeout."""
     low = TimeoutError("timed out")
     connect = chained(U.ConnectTimeoutError("Connection timed out"), cause=low, context=low)
     retry = chained(U.MaxRetryError("Max retries exceeded"), cause=connect, context=connect)
+    retry = urllib3_gave_up(retry, earlier)
     return chained(R.ConnectTimeout(retry), context=retry)
 
 
@@ -278,10 +367,18 @@ def httpx_read_error() -> BaseException:
     return chained(HX["ReadError"](low), cause=core, context=core)
 
 
-def sdk_error(sdk: dict[str, Exc], name: str, below: BaseException | None) -> BaseException:
-    """openai/anthropic: ``raise APIConnectionError(request=...) from err`` inside ``except``."""
+def sdk_error(
+    sdk: dict[str, Exc], name: str, below: BaseException | None, retries_taken: int | None = 0
+) -> BaseException:
+    """openai/anthropic: ``raise APIConnectionError(request=...) from err`` inside ``except``, in the SDK's
+    request loop after ``retries_taken`` retries (0: ``max_retries=0``; None: made by hand, no record)."""
     error = sdk[name]("Connection error.")
-    return error if below is None else chained(error, cause=below, context=below)
+    if below is not None:
+        error = chained(error, cause=below, context=below)
+    if retries_taken is None:
+        return error
+    frame = OPENAI_REQUEST if error.__module__.startswith("openai") else ANTHROPIC_REQUEST
+    return raised(frame, None, error, retries_taken)
 
 
 def botocore_connect_timeout() -> BaseException:
@@ -297,10 +394,32 @@ def aiohttp_connection_timeout() -> BaseException:
     return chained(A.ConnectionTimeoutError("Connection timeout to host"), cause=timeout, context=timeout)
 
 
-def max_retry_with_reason(reason: BaseException) -> BaseException:
+def max_retry_with_reason(reason: BaseException, earlier: Earlier | None = ()) -> BaseException:
     """A MaxRetryError that only carries its reason as an attribute (no cause, no context)."""
     error = U.MaxRetryError("Max retries exceeded")
     error.reason = reason  # type: ignore[attr-defined]
+    return urllib3_gave_up(error, earlier)
+
+
+def as_raised_by(retry: object, error: BaseException) -> BaseException:
+    """``error`` raised from a ``Retry.increment`` whose ``self`` is ``retry``, under a requests wrapper."""
+    gave_up = raised(URLLIB3_INCREMENT, retry, chained(error, cause=U.NewConnectionError()))
+    return chained(R.ConnectionError(), context=gave_up)
+
+
+def history_cycle() -> BaseException:
+    error = chained(U.MaxRetryError("Max retries exceeded"), cause=U.NewConnectionError())
+    retry = Retry()
+    retry.history = history([error])
+    return raised(URLLIB3_INCREMENT, retry, error)
+
+
+def requests_http_error(earlier: Earlier | None) -> BaseException:
+    """``response.raise_for_status()``: the response urllib3 made after the ``earlier`` tries
+    (``response.raw.retries``); None: a response urllib3 did not make (no ``raw``)."""
+    raw = None if earlier is None else SimpleNamespace(retries=Retry(history(earlier)))
+    error = R.HTTPError("500 Server Error")
+    error.response = SimpleNamespace(status_code=500, raw=raw)  # type: ignore[attr-defined]
     return error
 
 
@@ -481,6 +600,27 @@ def sdk_rows(sdk_name: str, sdk: dict[str, Exc]) -> None:
         True,
     )
     row(f"{sdk_name} APIStatusError (an answer)", lambda: sdk["APIStatusError"]("429"), False)
+    row(
+        f"{sdk_name} APIConnectionError <- httpx ConnectError, made by hand (no record of retries)",
+        lambda: sdk_error(sdk, "APIConnectionError", httpx_connect_error(), None),
+        True,
+    )
+    row(
+        f"{sdk_name} APIConnectionError <- httpx ConnectError after 2 retries",
+        lambda: sdk_error(sdk, "APIConnectionError", httpx_connect_error(), 2),
+        True,
+    )
+    row(
+        f"{sdk_name} APITimeoutError <- httpx ConnectTimeout after 1 retry",
+        lambda: sdk_error(sdk, "APITimeoutError", httpx_connect_timeout(), 1),
+        True,
+    )
+    row(f"{sdk_name} APIStatusError after 1 retry", lambda: sdk_error(sdk, "APIStatusError", None, 1), True)
+    row(
+        f"{sdk_name} APIStatusError at the first try",
+        lambda: sdk_error(sdk, "APIStatusError", None, 0),
+        False,
+    )
 
 
 for _sdk_name, _sdk_table in (("openai", OPENAI), ("anthropic", ANTHROPIC)):
@@ -596,6 +736,148 @@ row("backport-shaped group (3.10) of ordinary errors", lambda: backport_group(Va
 row("backport-shaped group with a broken .exceptions", lambda: backport_group(cast(Any, 42)), False)
 row("not a group, though it has .exceptions", lambda: not_a_group(TimeoutError()), False)
 
+# after retries: the last try's error says nothing of the earlier tries (issue 22, scenario 2)
+READ = U.ReadTimeoutError
+row(
+    "requests ConnectionError <- MaxRetryError made by hand (no record) <- NewConnectionError",
+    lambda: requests_connect_refused(None),
+    True,
+)
+row(
+    "requests refused after an earlier read timeout (the Retry's history)",
+    lambda: requests_connect_refused([READ("Read timed out.")]),
+    True,
+)
+row(
+    "requests refused after earlier tries that never connected",
+    lambda: requests_connect_refused(
+        [U.NewConnectionError(), U.ConnectTimeoutError(), U.NameResolutionError()]
+    ),
+    False,
+)
+row("requests refused after an earlier try answered 503", lambda: requests_connect_refused([503]), True)
+row(
+    "requests refused after an earlier connection aborted",
+    lambda: requests_connect_refused([U.ProtocolError("Connection aborted.")]),
+    True,
+)
+row(
+    "requests refused after an earlier try that ended some other way",
+    lambda: requests_connect_refused([ValueError("?")]),
+    True,
+)
+row(
+    "requests refused after an earlier connect proof the user listed as in doubt",
+    lambda: chained(GatewayError(), context=requests_connect_refused([HX["ConnectError"]()])),
+    True,
+    (*DEFAULT_AMBIGUOUS_ERRORS, HX["ConnectError"]),
+)
+row(
+    "proof above the retry: requests ConnectTimeout <- MaxRetryError after a read timeout",
+    lambda: requests_connect_timeout([READ()]),
+    True,
+)
+row(
+    "proof above the retry, from the tool: ConnectionRefusedError from a chain after a read timeout",
+    lambda: chained(ConnectionRefusedError(), cause=requests_connect_refused([READ()])),
+    True,
+)
+row(
+    "proof above the retry, from the tool, no earlier try",
+    lambda: chained(ConnectionRefusedError(), cause=requests_connect_refused()),
+    False,
+)
+row(
+    "MaxRetryError.reason = NewConnectionError, after a read timeout",
+    lambda: max_retry_with_reason(U.NewConnectionError(), [READ()]),
+    True,
+)
+row("MaxRetryError made by hand, alone", lambda: U.MaxRetryError("Max retries exceeded"), True)
+row(
+    "a proof urllib3's Retry re-raised (connect=False) after a read timeout",
+    lambda: raised(
+        URLLIB3_INCREMENT,
+        Retry(history([READ()])),
+        chained(U.NewConnectionError(), cause=ConnectionRefusedError()),
+    ),
+    True,
+)
+row(
+    "a proof urllib3's Retry re-raised (connect=False) at the first try",
+    lambda: raised(
+        URLLIB3_INCREMENT, Retry(), chained(U.NewConnectionError(), cause=ConnectionRefusedError())
+    ),
+    False,
+)
+row(
+    "the Retry.increment frame holds no Retry",
+    lambda: as_raised_by(object(), U.MaxRetryError()),
+    True,
+)
+row(
+    "the Retry's history is not a tuple",
+    lambda: as_raised_by(Retry(cast(Any, list(history([U.NewConnectionError()])))), U.MaxRetryError()),
+    True,
+)
+row("the history holds the MaxRetryError itself (a cycle through the record)", history_cycle, True)
+row(
+    "group: a clean retried chain and one after a read timeout",
+    lambda: group(requests_connect_refused(), requests_connect_refused([READ()])),
+    True,
+)
+row(
+    "group of two clean retried chains",
+    lambda: group(requests_connect_refused(), requests_connect_refused()),
+    False,
+)
+row(
+    "cycle holding a chain retried after a read timeout",
+    lambda: cycle(requests_connect_refused([READ()])),
+    True,
+)
+row("cycle holding a clean retried chain", lambda: cycle(requests_connect_refused()), False)
+row("requests HTTPError after an earlier read timeout", lambda: requests_http_error([READ()]), True)
+row(
+    "requests HTTPError after an earlier refusal",
+    lambda: requests_http_error([U.NewConnectionError()]),
+    False,
+)
+row("requests HTTPError at the first try", lambda: requests_http_error([]), False)
+row("requests HTTPError, a response urllib3 did not make", lambda: requests_http_error(None), False)
+row(
+    "tenacity RetryError, one attempt, refused",
+    lambda: tenacity_gave_up(1, requests_connect_refused()),
+    False,
+)
+row(
+    "tenacity RetryError after three attempts, the last refused",
+    lambda: tenacity_gave_up(3, requests_connect_refused()),
+    True,
+)
+row("tenacity RetryError on an attempt that returned", lambda: tenacity_gave_up(1, None), True)
+row(
+    "tenacity RetryError without an attempt number",
+    lambda: tenacity_gave_up(None, requests_connect_refused()),
+    True,
+)
+row(
+    "wrapper order: tenacity RetryError (1) <- requests chain retried after a read timeout",
+    lambda: tenacity_gave_up(1, requests_connect_refused([READ()])),
+    True,
+)
+row(
+    "wrapper order: tool error <- tenacity RetryError (3) <- clean requests chain",
+    lambda: chained(GatewayError(), cause=tenacity_gave_up(3, requests_connect_refused())),
+    True,
+)
+row(
+    "an older SDK: its request frame has no retries_taken",
+    lambda: raised(
+        OLD_OPENAI_REQUEST, None, sdk_error(OPENAI, "APIConnectionError", httpx_connect_error(), None), 0
+    ),
+    True,
+)
+
 # the user's classes: override, add to the default, client recognition off
 row("added: MyError", MyError, True, WITH_MINE)
 row("added: TimeoutError still in doubt", TimeoutError, True, WITH_MINE)
@@ -669,6 +951,13 @@ row(
 row("surface only: a wrapper cannot see its proof", requests_connect_refused, True, SURFACE_ONLY)
 row("surface only: requests ReadTimeout", R.ReadTimeout, True, SURFACE_ONLY)
 row("surface only: a group is not opened", lambda: group(TimeoutError()), False, SURFACE_ONLY)
+row(
+    "surface only: a MaxRetryError after a read timeout",
+    lambda: max_retry_with_reason(U.NewConnectionError(), [READ()]),
+    True,
+    SURFACE_ONLY,
+)
+row("clients off: no retry record is read", lambda: requests_connect_refused([READ()]), False, NO_CLIENTS)
 
 
 @pytest.mark.parametrize(("factory", "in_doubt", "rule"), ROWS)
@@ -697,23 +986,86 @@ def needs(package: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(not installed(package), reason=f"{package} is not installed")
 
 
+def requests_default_retry() -> Any:
+    """What requests' HTTPAdapter retries with when it is given nothing: ``Retry(0, read=False)``."""
+    return real("requests.adapters.HTTPAdapter")().max_retries
+
+
+def real_retry_gives_up(retry: Any, *tries: BaseException, method: str = "POST") -> BaseException:
+    """Each try's error handed to urllib3's own ``Retry.increment``, as ``urlopen`` does (inside the
+    ``except`` that caught it), until the Retry gives up: what it raises then."""
+    for error in tries:
+        try:
+            raise error
+        except BaseException as handled:
+            try:
+                retry = retry.increment(method, "/charge", error=handled, _stacktrace=handled.__traceback__)
+            except BaseException as gave_up:
+                return gave_up
+    raise AssertionError(f"{retry!r} did not give up")
+
+
+def real_refused() -> BaseException:
+    refused = ConnectionRefusedError(111, "Connection refused")
+    return chained(
+        real("urllib3.exceptions.NewConnectionError")(None, "refused"), cause=refused, context=refused
+    )
+
+
+def real_read_timeout() -> BaseException:
+    low = TimeoutError("timed out")
+    return chained(real("urllib3.exceptions.ReadTimeoutError")(None, "/", "Read timed out."), context=low)
+
+
+def as_requests_raises(error: BaseException) -> BaseException:
+    """requests' HTTPAdapter.send: a MaxRetryError (or a re-raised error) becomes a ConnectionError."""
+    return chained(real("requests.exceptions.ConnectionError")(error), context=error)
+
+
 def _real_requests_connect_timeout() -> BaseException:
     low = TimeoutError("timed out")
     connect = chained(
         real("urllib3.exceptions.ConnectTimeoutError")(None, "timed out"), cause=low, context=low
     )
-    retry = real("urllib3.exceptions.MaxRetryError")(None, "/", connect)
-    retry = chained(retry, cause=connect, context=connect)
+    retry = real_retry_gives_up(requests_default_retry(), connect)
     return chained(real("requests.exceptions.ConnectTimeout")(retry), context=retry)
 
 
 def _real_requests_refused() -> BaseException:
-    refused = ConnectionRefusedError(111, "Connection refused")
-    new = chained(
-        real("urllib3.exceptions.NewConnectionError")(None, "refused"), cause=refused, context=refused
-    )
-    retry = chained(real("urllib3.exceptions.MaxRetryError")(None, "/", new), cause=new, context=new)
-    return chained(real("requests.exceptions.ConnectionError")(retry), context=retry)
+    return as_requests_raises(real_retry_gives_up(requests_default_retry(), real_refused()))
+
+
+def _real_urllib3(*tries: str, method: str = "POST", **retry: Any) -> Callable[[], BaseException]:
+    """``Retry(**retry)`` fed the ``tries`` ("read": a read timeout, "refused"), as requests sees it."""
+
+    def make() -> BaseException:
+        errors = [real_read_timeout() if t == "read" else real_refused() for t in tries]
+        policy = real("urllib3.util.retry.Retry")(**retry) if retry else requests_default_retry()
+        return as_requests_raises(real_retry_gives_up(policy, *errors, method=method))
+
+    return make
+
+
+def _real_tenacity(attempts: int, *, returns: bool = False) -> Callable[[], BaseException]:
+    """A real tenacity ``Retrying`` that gave up after ``attempts`` attempts, each refused (requests'
+    default adapter: a record that proves that attempt never left), or each returning a value."""
+
+    def make() -> BaseException:
+        tenacity = importlib.import_module("tenacity")
+
+        def attempt() -> int:
+            if returns:
+                return 0
+            raise _real_requests_refused()
+
+        retrying = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(attempts), retry=tenacity.retry_if_result(lambda _: returns)
+        )
+        if not returns:
+            retrying = retrying.copy(retry=tenacity.retry_if_exception_type(OSError))
+        return raised(retrying, attempt)
+
+    return make
 
 
 REAL_ROWS = [
@@ -739,6 +1091,64 @@ REAL_ROWS = [
         _real_requests_connect_timeout, False, id="requests ConnectTimeout chain", marks=needs("requests")
     ),
     pytest.param(_real_requests_refused, False, id="requests refused chain", marks=needs("requests")),
+    # urllib3's own Retry, as requests' HTTPAdapter(max_retries=...) uses it
+    pytest.param(
+        _real_urllib3("refused"), False, id="default adapter: refused, no retries", marks=needs("requests")
+    ),
+    pytest.param(
+        _real_urllib3("read", "refused", "refused", total=2, allowed_methods=None),
+        True,
+        id="Retry(total=2, allowed_methods=None): a read timeout, then refused twice",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        _real_urllib3("read", "refused", "refused", method="PUT", total=2),
+        True,
+        id="Retry(total=2), PUT: a read timeout, then refused twice",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        _real_urllib3("read", method="POST", total=2),
+        True,
+        id="Retry(total=2), POST: the read timeout is not retried, raised as it is",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        _real_urllib3("refused", "refused", "refused", total=2, allowed_methods=None),
+        False,
+        id="Retry(total=2): refused three times (no try left)",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        _real_urllib3("read", "refused", total=2, connect=False, allowed_methods=None),
+        True,
+        id="Retry(connect=False): a read timeout, then refused, re-raised by Retry.increment",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        _real_urllib3("refused", total=2, connect=False),
+        False,
+        id="Retry(connect=False): refused at once, re-raised by Retry.increment",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        lambda: as_requests_raises(real("urllib3.exceptions.MaxRetryError")(None, "/", real_refused())),
+        True,
+        id="a MaxRetryError made by hand: no record of the earlier tries",
+        marks=needs("requests"),
+    ),
+    pytest.param(
+        _real_tenacity(1), False, id="tenacity gave up after one attempt, refused", marks=needs("tenacity")
+    ),
+    pytest.param(
+        _real_tenacity(3), True, id="tenacity gave up after three attempts", marks=needs("tenacity")
+    ),
+    pytest.param(
+        _real_tenacity(1, returns=True),
+        True,
+        id="tenacity gave up on an attempt that returned",
+        marks=needs("tenacity"),
+    ),
     pytest.param(
         lambda: real("urllib3.exceptions.ReadTimeoutError")(None, "/", "x"),
         True,
@@ -885,6 +1295,78 @@ def test_the_cheap_cases_do_not_walk_the_chain(monkeypatch: pytest.MonkeyPatch) 
     assert is_ambiguous(R.ReadTimeout())
     assert is_ambiguous(R.ConnectionError())
     assert not is_ambiguous(HX["ConnectError"]())
+    # a lone error raised after retries: its record is read, still without a walk
+    assert is_ambiguous(U.MaxRetryError("made by hand"))
+    assert is_ambiguous(tenacity_gave_up(2, None))
+    assert not is_ambiguous(raised(URLLIB3_INCREMENT, Retry(), U.NewConnectionError()))
+    assert is_ambiguous(raised(URLLIB3_INCREMENT, Retry(history([READ()])), U.NewConnectionError()))
+
+
+def test_a_retry_record_too_long_to_read_is_in_doubt(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean = requests_connect_refused()  # its MaxRetryError's traceback: 2 entries
+    assert not is_ambiguous(clean)
+    monkeypatch.setattr(ambiguity, "MAX_FRAMES", 1)
+    assert is_ambiguous(clean)
+    assert "too many traceback entries" in explain(clean)
+    proof = raised(URLLIB3_INCREMENT, Retry(), U.NewConnectionError())
+    assert is_ambiguous(proof)  # the lone proof too: its traceback could not be read to the end
+    monkeypatch.setattr(ambiguity, "MAX_FRAMES", 2)
+    long_history = requests_connect_refused([U.NewConnectionError(), U.NewConnectionError()])
+    assert is_ambiguous(long_history)  # the history's entries count against the same budget
+
+
+def test_a_retry_record_that_raises_when_read_is_in_doubt() -> None:
+    class Unreadable(Retry):
+        @property
+        def history(self) -> Any:
+            raise RuntimeError("boom")
+
+        @history.setter
+        def history(self, value: Any) -> None:
+            pass
+
+    class NoAttempt:
+        @property
+        def attempt_number(self) -> int:
+            raise RuntimeError("boom")
+
+    assert is_ambiguous(as_raised_by(Unreadable(), U.MaxRetryError()))
+    stuck = tenacity_gave_up(1, requests_connect_refused())
+    stuck.last_attempt = NoAttempt()  # type: ignore[attr-defined]
+    assert is_ambiguous(stuck)
+    answer = requests_http_error([])
+    answer.response = SimpleNamespace(raw=SimpleNamespace(retries=Unreadable()))  # type: ignore[attr-defined]
+    assert is_ambiguous(answer)
+
+    class NoRaw:
+        @property
+        def raw(self) -> Any:
+            raise RuntimeError("boom")
+
+    answer.response = NoRaw()  # type: ignore[attr-defined]
+    assert is_ambiguous(answer)
+
+    class BrokenEntry:
+        @property
+        def error(self) -> Any:
+            raise RuntimeError("boom")
+
+    assert is_ambiguous(as_raised_by(Retry((BrokenEntry(),)), U.MaxRetryError()))
+
+
+def test_the_retry_records_are_read_from_frames_named_by_module_and_function() -> None:
+    """A frame of another module, or another function of urllib3's, is not urllib3's record."""
+    elsewhere = frame_in("mylib.retry", "increment", "self, error")
+    other = frame_in("urllib3.util.retry", "sleep", "self, error")
+    for frame in (elsewhere, other):
+        error = raised(frame, Retry(), chained(U.MaxRetryError(), cause=U.NewConnectionError()))
+        assert is_ambiguous(error), "no record: in doubt"
+        proof = raised(frame, Retry(history([READ()])), U.NewConnectionError())
+        assert not is_ambiguous(proof), "a record that is not urllib3's says nothing"
+    not_a_count = raised(
+        OPENAI_REQUEST, None, chained(OPENAI["APIConnectionError"](), cause=httpx_connect_error()), "0"
+    )
+    assert is_ambiguous(not_a_count), "retries_taken that is not an int: no record"
 
 
 @pytest.mark.parametrize(
@@ -936,6 +1418,23 @@ def test_the_cheap_cases_do_not_walk_the_chain(monkeypatch: pytest.MonkeyPatch) 
             lambda: chained(GatewayError(), cause=MyError()),
             WITH_MINE,
             "in doubt: tests.test_ambiguity.MyError at error.__cause__: its class is listed",
+        ),
+        (
+            lambda: requests_connect_refused([READ()]),
+            DEFAULT_RULE,
+            "in doubt: urllib3.exceptions.MaxRetryError at error.__context__: urllib3 retried after an"
+            " earlier try that ended urllib3.exceptions.ReadTimeoutError: that request may have been sent",
+        ),
+        (
+            lambda: requests_connect_refused(None),
+            DEFAULT_RULE,
+            "in doubt: urllib3.exceptions.MaxRetryError at error.__context__: raised when a client's retries"
+            " gave up, and no record of its earlier tries can be read",
+        ),
+        (
+            lambda: tenacity_gave_up(3, requests_connect_refused()),
+            DEFAULT_RULE,
+            "in doubt: tenacity.RetryError at error: tenacity gave up after 3 attempts",
         ),
     ],
 )

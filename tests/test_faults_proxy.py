@@ -89,7 +89,7 @@ def test_one_lost_or_cut_step_is_resent_harmlessly(
         assert rule.applied == 1
         assert rule.seen >= 2, "redis-py did not re-send the command"
         if action in REACHES_SERVER:
-            # begin (a script, or first a SET NX where the key held nothing), commit (EVAL), and the re-sent one
+            # begin (a script, or a SET NX where the key held nothing), commit (EVAL), and the re-sent one
             assert proxy.forwarded["EVALSHA"] + proxy.forwarded["EVAL"] + proxy.forwarded["SET"] >= 3
         retry_same = tools.call(tool_call_id, kind=kind, phase="retry")
         direct = Tools(RedisEffectStore(upstream.url, namespace=namespace), history)

@@ -8,7 +8,9 @@ What it looks at
     The raised error, and everything reachable from it: ``__cause__``, ``__context__``, the members
     of exception groups (recursively; on Python 3.10 groups are recognised by shape, without
     importing the ``exceptiongroup`` backport), and the ``reason`` of a urllib3 ``MaxRetryError``.
-    Cycles are cut; more than :data:`MAX_ERRORS` errors and the call is treated as in doubt.
+    Cycles are cut; more than :data:`MAX_ERRORS` errors and the call is treated as in doubt. For an
+    error that a client raised after retrying on its own, also the client's record of its earlier
+    tries (below, "After retries").
 
 How each error is classified (the first matching line wins)
     1. ``strong``: an instance of a class listed in ``ambiguous_errors`` other than the four builtin
@@ -36,6 +38,34 @@ The rule (the precedence)
     was sent, and still leaves the call in doubt. An exception group is in doubt when any member is.
     The outcome does not depend on the order of the walk; :func:`explain` names the first deciding
     error, outermost first (the error, its group members, its cause, its context).
+
+After retries (with client recognition on)
+    A client that retries on its own raises the error of its LAST try: the earlier tries leave no
+    error in the chain, so a proof that the last try never left says nothing about them (a read
+    timeout, then connection refused, reaches the guard as ``requests.ConnectionError <- MaxRetryError
+    <- NewConnectionError``). So, wherever it sits in the tree (a proof above or below it does not
+    vouch for it):
+      * an error raised when a client's retries gave up (:data:`CLIENT_RETRY_ERRORS`: urllib3's
+        ``MaxRetryError``, tenacity's ``RetryError``, the OpenAI and Anthropic SDKs'
+        ``APIConnectionError`` / ``APITimeoutError``) is in doubt unless the client's record proves
+        that no earlier try was sent;
+      * a never-left proof that urllib3's ``Retry.increment`` re-raised (``connect=False``), and an
+        answer after retries (:data:`CLIENT_ANSWERS_AFTER_RETRIES`: requests' ``HTTPError``, the
+        SDKs' ``APIStatusError``) are in doubt when that record shows an earlier try that may have
+        been sent.
+    The records, read without calling into the client: urllib3 keeps ``Retry.history`` on the
+    ``Retry``, not on the error; it is the ``self`` of the ``Retry.increment`` frame in the error's
+    traceback (``response.raw.retries`` for an answer); an earlier try counts as never sent only
+    when its error is a never-left proof (an answered try was sent). tenacity: the last attempt is
+    the first (``last_attempt.attempt_number == 1``) and it raised. The SDKs: ``retries_taken == 0``
+    in the frame that raised. An error raised after retries with no record (made by hand, a cleared
+    frame, a client version that keeps it elsewhere) is in doubt; a proof or an answer with no
+    record is judged as above. A record that cannot be read (more than :data:`MAX_FRAMES`
+    traceback and history entries, an attribute that raises) leaves the call in doubt. The cost:
+    with client retries on, a call is in doubt whenever an earlier try may have been sent, so a
+    backend outage leaves more ``unknown`` records. Retries that leave neither such an error nor a
+    record (tenacity's ``reraise=True``, backoff, botocore, aiohttp's retry of an idempotent
+    request) are not seen.
 """
 
 from __future__ import annotations
@@ -44,17 +74,21 @@ import builtins
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from types import FrameType, TracebackType
 from typing import Final, NamedTuple, TypeAlias
 
 from .errors import EffectOutcomeUnknown
 
 __all__ = [
+    "CLIENT_ANSWERS_AFTER_RETRIES",
     "CLIENT_IN_DOUBT_ERRORS",
     "CLIENT_NOT_SENT_ERRORS",
+    "CLIENT_RETRY_ERRORS",
     "CLIENT_TRANSPORT_WRAPPERS",
     "DEFAULT_AMBIGUOUS_ERRORS",
     "DEFAULT_RULE",
     "MAX_ERRORS",
+    "MAX_FRAMES",
     "RPC_IN_DOUBT_STATUSES",
     "AmbiguityRule",
     "AmbiguousErrors",
@@ -77,6 +111,10 @@ _SOCKET_LEVEL: Final = frozenset(
 
 MAX_ERRORS: Final = 1000
 """More errors than this reachable from the raised one: the rest is not inspected, the call is in doubt."""
+
+MAX_FRAMES: Final = 10_000
+"""More traceback entries (and retry-history entries) than this to read for the clients' retry records:
+the records count as unreadable, the call is in doubt."""
 
 
 def _names(module: str, *classes: str) -> frozenset[str]:
@@ -134,6 +172,39 @@ CLIENT_TRANSPORT_WRAPPERS: Final[frozenset[str]] = (
     | _names("anthropic._exceptions", *_SDK_WRAPPERS)
 )
 """Errors that wrap whatever went wrong in transit: in doubt unless their own chain holds a proof."""
+
+# How a client's record of its earlier tries is read (see "After retries" in the module doc).
+_BY_URLLIB3, _BY_TENACITY, _BY_SDK, _BY_RESPONSE = range(1, 5)
+_SDK_STATUS = ("APIStatusError",)
+
+_RETRY_ERRORS: Final[dict[str, int]] = {
+    "urllib3.exceptions.MaxRetryError": _BY_URLLIB3,
+    "tenacity.RetryError": _BY_TENACITY,
+    **dict.fromkeys(_names("openai", *_SDK_WRAPPERS), _BY_SDK),
+    **dict.fromkeys(_names("openai._exceptions", *_SDK_WRAPPERS), _BY_SDK),
+    **dict.fromkeys(_names("anthropic", *_SDK_WRAPPERS), _BY_SDK),
+    **dict.fromkeys(_names("anthropic._exceptions", *_SDK_WRAPPERS), _BY_SDK),
+}
+_ANSWERS_AFTER_RETRIES: Final[dict[str, int]] = {
+    "requests.exceptions.HTTPError": _BY_RESPONSE,
+    **dict.fromkeys(_names("openai", *_SDK_STATUS), _BY_SDK),
+    **dict.fromkeys(_names("openai._exceptions", *_SDK_STATUS), _BY_SDK),
+    **dict.fromkeys(_names("anthropic", *_SDK_STATUS), _BY_SDK),
+    **dict.fromkeys(_names("anthropic._exceptions", *_SDK_STATUS), _BY_SDK),
+}
+
+CLIENT_RETRY_ERRORS: Final[frozenset[str]] = frozenset(_RETRY_ERRORS)
+"""Errors raised when a client's own retries gave up: in doubt unless the client's record proves that no
+earlier try was sent (requests wraps every connection failure in a ``MaxRetryError``, retries or not)."""
+
+CLIENT_ANSWERS_AFTER_RETRIES: Final[frozenset[str]] = frozenset(_ANSWERS_AFTER_RETRIES)
+"""Answers that may come after retries: in doubt when the client's record shows an earlier try that may
+have been sent."""
+
+_URLLIB3_RETRY: Final = "urllib3.util.retry.Retry"
+_URLLIB3_INCREMENT: Final = ("urllib3.util.retry", "increment")  # the frame that raises after retries
+_SDK_CLIENTS: Final = frozenset({"openai._base_client", "anthropic._base_client"})
+_SDK_REQUEST: Final = frozenset({"request", "_request"})  # the frames that retry (newer, older SDKs)
 
 RPC_IN_DOUBT_STATUSES: Final[frozenset[str]] = frozenset({"DEADLINE_EXCEEDED", "UNAVAILABLE"})
 """gRPC status names (``error.code().name``) that leave a call's effect in doubt."""
@@ -245,6 +316,8 @@ class _Facts(NamedTuple):
     old_timeout: bool  # Python 3.10's asyncio / concurrent.futures TimeoutError
     group_shaped: bool  # a class named *ExceptionGroup (groups without the builtin, e.g. on 3.10)
     carries_reason: bool  # urllib3's MaxRetryError: ``reason`` holds the error that decided
+    record: int  # how the client's record of earlier tries is read (0: it is not looked for)
+    after_retries: bool  # raised when retries gave up: with no record to read, the call is in doubt
 
 
 def _facts_of(cls: type) -> _Facts:
@@ -252,11 +325,14 @@ def _facts_of(cls: type) -> _Facts:
     kind = next((_KNOWN[name] for name in names if name in _KNOWN), _NONE)
     if kind == _NONE and any(_is_rpc_module(klass) for klass in cls.__mro__):
         kind = _RPC
+    retried = next((name for name in names if name in _RETRY_ERRORS or name in _ANSWERS_AFTER_RETRIES), None)
     return _Facts(
         kind=kind,
         old_timeout=any(name in _OLD_TIMEOUTS for name in names),
         group_shaped=any(getattr(klass, "__name__", "").endswith("ExceptionGroup") for klass in cls.__mro__),
         carries_reason=any(name in _REASON_CARRIERS for name in names),
+        record=0 if retried is None else _RETRY_ERRORS.get(retried) or _ANSWERS_AFTER_RETRIES[retried],
+        after_retries=retried in _RETRY_ERRORS,
     )
 
 
@@ -343,6 +419,149 @@ class _Budget:
         return self.left >= 0
 
 
+# -- a client's record of its earlier tries ----------------------------------------------------------
+# Each reader returns None when it finds no record, "" when the record proves that no earlier try was
+# sent, and otherwise why one may have been. Reading never calls into the client: attributes and the
+# locals of finished frames in the error's traceback only, each read guarded.
+
+_CLEAN: Final = ""
+_TOO_LONG: Final = "too many traceback entries to read for the client's record of its earlier tries"
+
+
+def _has_class(value: object, qualified: str) -> bool:
+    return any(_qualified(klass) == qualified for klass in type(value).__mro__)
+
+
+def _trace(error: BaseException, budget: _Budget) -> list[FrameType] | None:
+    """The frames of ``error``'s traceback, outermost first; None when the budget ran out."""
+    frames: list[FrameType] = []
+    tb = error.__traceback__
+    while isinstance(tb, TracebackType):
+        if not budget.take():
+            return None
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    return frames
+
+
+def _where(frame: FrameType) -> tuple[object, str]:
+    return frame.f_globals.get("__name__"), frame.f_code.co_name
+
+
+def _local(frame: FrameType, name: str) -> object:
+    try:
+        return frame.f_locals.get(name)
+    except Exception:  # a frame whose locals cannot be read: no record
+        return None
+
+
+def _urllib3_history(retry: object, rule: AmbiguityRule, budget: _Budget) -> str:
+    """What a urllib3 ``Retry``'s history says of the tries before it ("": all of them never left)."""
+    if not _has_class(retry, _URLLIB3_RETRY):
+        return "urllib3 retried, and its Retry (the record of the earlier tries) cannot be read"
+    try:
+        history = getattr(retry, "history", None)
+    except Exception:
+        history = None
+    if not isinstance(history, tuple):
+        return "urllib3 retried, and its Retry.history (the record of the earlier tries) cannot be read"
+    for entry in history:
+        if not budget.take():
+            return _TOO_LONG
+        try:
+            error, status = getattr(entry, "error", None), getattr(entry, "status", None)
+        except Exception:
+            return "urllib3 retried, and an entry of its Retry.history cannot be read"
+        if not isinstance(error, BaseException):
+            answered = f" (HTTP {status})" if isinstance(status, int) else ""
+            return f"urllib3 retried after an earlier try that was sent and answered{answered}"
+        if _classify(error, rule)[0] != _NOT_SENT:
+            name = _qualified(type(error))
+            return f"urllib3 retried after an earlier try that ended {name}: that request may have been sent"
+    return _CLEAN
+
+
+def _urllib3_record(error: BaseException, rule: AmbiguityRule, budget: _Budget) -> str | None:
+    """The ``Retry`` of each ``Retry.increment`` frame ``error`` was raised (or re-raised) through."""
+    frames = _trace(error, budget)
+    if frames is None:
+        return _TOO_LONG
+    found: str | None = None
+    for frame in frames:
+        if _where(frame) == _URLLIB3_INCREMENT:
+            verdict = _urllib3_history(_local(frame, "self"), rule, budget)
+            if verdict:
+                return verdict
+            found = _CLEAN
+    return found
+
+
+def _response_record(error: BaseException, rule: AmbiguityRule, budget: _Budget) -> str | None:
+    """requests' ``HTTPError``: the ``Retry`` urllib3 gave the response (``response.raw.retries``)."""
+    try:
+        retry = getattr(getattr(getattr(error, "response", None), "raw", None), "retries", None)
+    except Exception:
+        return "the response's record of urllib3's retries cannot be read"
+    if retry is None or not _has_class(retry, _URLLIB3_RETRY):
+        return None  # not a response urllib3 made: nothing says it retried
+    return _urllib3_history(retry, rule, budget)
+
+
+def _tenacity_record(error: BaseException) -> str:
+    """tenacity keeps the last attempt only: the record is clean when that attempt was the first one
+    and it raised (its error, the ``__cause__``, is judged with the rest of the chain)."""
+    try:
+        number = getattr(getattr(error, "last_attempt", None), "attempt_number", None)
+    except Exception:
+        number = None
+    if type(number) is not int:
+        return "tenacity gave up retrying, and its RetryError says nothing of the earlier attempts"
+    if number > 1:
+        return f"tenacity gave up after {number} attempts and keeps the last one's error only"
+    if error.__cause__ is None:
+        return "tenacity gave up on an attempt that returned: it ran to the end"
+    return _CLEAN
+
+
+def _sdk_record(error: BaseException, budget: _Budget) -> str | None:
+    """The OpenAI and Anthropic SDKs: ``retries_taken`` in the request frame that raised ``error``."""
+    frames = _trace(error, budget)
+    if frames is None:
+        return _TOO_LONG
+    if not frames:
+        return None
+    module, function = _where(frames[-1])
+    if module not in _SDK_CLIENTS or function not in _SDK_REQUEST:
+        return None
+    taken = _local(frames[-1], "retries_taken")
+    if type(taken) is not int:
+        return "the SDK retries, and its count of retries taken cannot be read"
+    if taken > 0:
+        return f"the SDK retried {taken} time(s) before raising: an earlier try may have been sent"
+    return _CLEAN
+
+
+def _after_retries(error: BaseException, kind: int, rule: AmbiguityRule, budget: _Budget) -> str | None:
+    """Why ``error`` may come after a retry whose earlier try was sent (None: nothing says so)."""
+    facts = _facts(type(error))
+    record: str | None
+    if facts.record == _BY_URLLIB3 or (kind == _NOT_SENT and error.__traceback__ is not None):
+        record = _urllib3_record(error, rule, budget)
+    elif facts.record == _BY_TENACITY:
+        record = _tenacity_record(error)
+    elif facts.record == _BY_SDK:
+        record = _sdk_record(error, budget)
+    elif facts.record == _BY_RESPONSE:
+        record = _response_record(error, rule, budget)
+    else:
+        return None
+    if record:
+        return record
+    if record is None and facts.after_retries:
+        return "raised when a client's retries gave up, and no record of its earlier tries can be read"
+    return None
+
+
 @dataclass(frozen=True)
 class _Finding:
     ambiguous: bool
@@ -383,6 +602,7 @@ def _render(labels: list[str], parents: list[int], index: int) -> str:
 def _analyse(error: BaseException, rule: AmbiguityRule) -> _Finding:
     budget = _Budget()
     proof_budget = _Budget()  # shared by every wrapper's search; spent: the wrapper finds no proof
+    frame_budget = _Budget(MAX_FRAMES)  # shared by the reads of the clients' retry records
     labels: list[str] = []
     parents: list[int] = []
     seen_open: set[int] = set()  # reached with no proof above
@@ -408,6 +628,11 @@ def _analyse(error: BaseException, rule: AmbiguityRule) -> _Finding:
             decided = not (rule.follow_chains and _holds_proof(current, rule, proof_budget))
             if not rule.follow_chains:
                 why = "a client's connection failure, and its chain is not looked at (follow_chains=False)"
+        if not decided and rule.known_clients:
+            # after retries: no proof vouches for the earlier tries, above or below
+            retried = _after_retries(current, kind, rule, frame_budget)
+            if retried is not None:
+                decided, why = True, retried
         if decided:
             if kind == _WEAK and index > 0:
                 why += ", and no error above it proves the request never left"
@@ -437,7 +662,12 @@ def is_ambiguous(error: BaseException, rule: AmbiguousErrors = DEFAULT_RULE) -> 
     if resolved._strong and isinstance(error, resolved._strong):
         return True
     if error.__cause__ is None and error.__context__ is None and not _children(error):
-        return _classify(error, resolved)[0] in _IN_DOUBT_ALONE  # a lone error: no walk
+        kind = _classify(error, resolved)[0]  # a lone error: no walk
+        if kind in _IN_DOUBT_ALONE:
+            return True
+        if not resolved.known_clients:
+            return False
+        return _after_retries(error, kind, resolved, _Budget(MAX_FRAMES)) is not None
     return _analyse(error, resolved).ambiguous
 
 
