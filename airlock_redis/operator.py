@@ -29,14 +29,19 @@ from .core.codec import decode_result
 from .core.errors import ResultDecodingError, StoreError
 from .core.records import RELEASED, Status
 from .redaction import redact
-from .stores.keys import record_key, record_pattern, slot_tag
+from .stores.keys import record_key, record_pattern, tool_call_id_of
 from .stores.layout import OLD_LAYOUT, LayoutError, fields_end, parse
 
 AUDIT_LOG_ENV = "AIRLOCK_REDIS_AUDIT_LOG"
+
+# What the operator commands send besides the store's own commands (stores.acl.required_commands():
+# resolve runs the store's resolve script, inspect reads like the store): list SCANs and reads the
+# head of each record (GETRANGE, STRLEN, PTTL), a record of an earlier release is a hash (TYPE, HMGET,
+# HSTRLEN), resolve appends to the audit stream and audit reads it. docs/security.md lists them.
+OPERATOR_COMMANDS: tuple[str, ...] = ("scan", "getrange", "strlen", "hstrlen", "xadd", "xrevrange")
 _HASH_FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
 _HEAD_BYTES = 512  # a listing reads this much of each record (more only when its fields are longer)
 _STATUSES = {s.value for s in Status}
-_KEY_RE = re.compile(r"^(?P<ns>.*):\{(?P<tag>[0-9a-f]{16})\}:(?P<id>.*)$", re.DOTALL)
 
 # -- durations -----------------------------------------------------------------------------------
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -388,14 +393,11 @@ def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[Reco
     """The head of each record (never its value), one pipelined round trip for most keys."""
     parsed: list[tuple[Any, str]] = []
     for key in keys:
-        text = _text(key) or ""
-        match = _KEY_RE.match(text)
-        if match is None or match.group("ns") != namespace:
-            continue
-        tool_call_id = match.group("id")
-        if slot_tag(tool_call_id) != match.group("tag"):
-            continue  # not one of our record keys
-        parsed.append((key, tool_call_id))
+        # parsed from the left (the namespace is known): an id holding ":{<16 hex digits>}:" is
+        # still this namespace's, and a key of "<namespace>:eu" is not
+        tool_call_id = tool_call_id_of(namespace, key)
+        if tool_call_id is not None:
+            parsed.append((key, tool_call_id))
     if not parsed:
         return
     pipe = node.pipeline(transaction=False)

@@ -23,6 +23,7 @@ from airlock_redis import (
 from airlock_redis.cli import main
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores import layout
+from airlock_redis.stores.keys import slot_tag
 
 pytestmark = pytest.mark.redis_server
 SIGNING_KEY = "operator-test-signing-key-0123456789"
@@ -218,6 +219,60 @@ def test_list_pages_through_everything_without_losing_records(
         assert pages < 50
     assert set(seen) == expected
     assert pages >= 5
+
+
+# ids a model or an MCP client may pick that hold what a record key's middle looks like
+# (":{<16 hex digits>}:", braces): issue 22, scenario 10
+AWKWARD_IDS = (
+    "x:{0123456789abcdef}:y",
+    ":{0123456789abcdef}:",
+    "}{",
+    "a}{b:{0123456789abcdef}:c}{",
+    ":{" + slot_tag("inner") + "}:inner",  # the middle of a real record key of the id "inner"
+)
+
+
+def test_list_shows_every_record_once_with_its_true_id_and_no_other_namespaces(
+    redis_server: EmbeddedRedis, namespace: str, tmp_path: Path, capsys: Any
+) -> None:
+    mine = Host(redis_server.url, namespace)
+    neighbour = Host(redis_server.url, f"{namespace}:eu")  # a namespace that begins with this one
+    for tool_call_id in ("plain", *AWKWARD_IDS):
+        mine.lost(tool_call_id)  # stuck in unknown: every retry refused until someone resolves it
+    for tool_call_id in ("plain", "eu-only", AWKWARD_IDS[0]):
+        neighbour.lost(tool_call_id)
+    with pytest.raises(EffectRefused):
+        mine.retry(AWKWARD_IDS[0])
+
+    def listed(ns: str, *extra: str) -> list[str]:
+        code, out, err = run_cli(
+            ["list", "--url", redis_server.url, "--namespace", ns, "--json", *extra], capsys
+        )
+        assert code == 0, err
+        page = json.loads(out)
+        assert page["next_cursor"] is None
+        assert {r["status"] for r in page["records"]} <= {"unknown"}
+        return sorted(r["tool_call_id"] for r in page["records"])
+
+    assert listed(namespace) == sorted(("plain", *AWKWARD_IDS))  # each once, none under another name
+    assert listed(namespace, "--status", "unknown") == sorted(("plain", *AWKWARD_IDS))
+    assert listed(f"{namespace}:eu") == sorted(("plain", "eu-only", AWKWARD_IDS[0]))
+
+    # the id listed is the one the other commands take: the stuck call is resolved and runs again
+    code, out, _ = run_cli(
+        ["inspect", AWKWARD_IDS[0], "--url", redis_server.url, "--namespace", namespace], capsys
+    )
+    assert code == 0 and "unknown" in out
+    code, _, err = run_cli(
+        ["resolve", AWKWARD_IDS[0], "--url", redis_server.url, "--namespace", namespace, "--release", "--yes",
+         "--audit-log", str(tmp_path / "audit.jsonl")],
+        capsys,
+    )  # fmt: skip
+    assert code == 0, err
+    mine.call(AWKWARD_IDS[0])
+    assert mine.runs.count("acct") == len(AWKWARD_IDS) + 2  # each lost call once, and this one again
+    assert neighbour.store.get(AWKWARD_IDS[0]) is not None  # the neighbour's record of that id untouched
+    assert listed(namespace, "--status", "unknown") == sorted(("plain", *AWKWARD_IDS[1:]))
 
 
 @pytest.mark.parametrize(("age", "says"), [("soon", "not a duration"), ("10", "give it a unit")])

@@ -17,12 +17,18 @@ SCRIPT_COMMANDS: tuple[str, ...] = ("get", "set", "del", "pexpire", "type", "hmg
 # Sent only with wait_replicas (WAITAOF only where every primary has an append-only file, 7.2+).
 DURABILITY_COMMANDS: tuple[str, ...] = ("wait", "waitaof")
 
+# On a Cluster: redis-py's cluster client reads the slot map (CLUSTER SLOTS) and the command table
+# (COMMAND) when it connects, and sends ASKING to follow an -ASK while a slot migrates.
+CLUSTER_COMMANDS: tuple[str, ...] = ("cluster|slots", "command", "asking")
+
 # Read once per store when allowed; refused, the store goes on without them (no eviction warning, and
 # the default proto-max-bulk-len of 512 MB assumed).
 OPTIONAL_COMMANDS: tuple[str, ...] = ("info", "config|get")
 
 
-def required_commands(*, wait_replicas: bool = False) -> tuple[str, ...]:
+def required_commands(*, wait_replicas: bool = False, cluster: bool = False) -> tuple[str, ...]:
     """Every command the store cannot work without, each once, in a stable order."""
-    wanted = CLIENT_COMMANDS + SCRIPT_COMMANDS + (DURABILITY_COMMANDS if wait_replicas else ())
+    wanted = CLIENT_COMMANDS + SCRIPT_COMMANDS
+    wanted += DURABILITY_COMMANDS if wait_replicas else ()
+    wanted += CLUSTER_COMMANDS if cluster else ()
     return tuple(dict.fromkeys(wanted))

@@ -35,12 +35,45 @@ def record_key(namespace: str, tool_call_id: str) -> bytes:
     return f"{namespace}:{{{slot_tag(tool_call_id)}}}:{tool_call_id}".encode()
 
 
+def record_prefix(namespace: str) -> str:
+    """What every record key of the namespace begins with, and no key of another namespace: a
+    namespace holds no ``{``, so ``acme:{`` never begins a key of ``acme:eu`` (``acme:eu:{...``)."""
+    return f"{namespace}:{{"
+
+
 def record_pattern(namespace: str) -> str:
-    """A SCAN pattern that matches every record of the namespace."""
-    return f"{namespace}:{{*}}:*"
+    """A SCAN pattern that matches every record of the namespace (and of no other namespace)."""
+    return f"{record_prefix(namespace)}{'?' * _TAG_HEX}}}:*"
 
 
-def tool_call_id_of(namespace: str, key: bytes | str) -> str:
-    text = key.decode("utf-8") if isinstance(key, bytes) else key
-    prefix_len = len(namespace) + 2 + _TAG_HEX + 2  # "<ns>:{" + tag + "}:"
-    return text[prefix_len:]
+def acl_key_pattern(namespace: str) -> str:
+    """The Redis ACL key pattern (``~`` and this) that covers exactly the namespace's records:
+    ``acme:{*`` matches no key of ``acme:eu``, where ``acme:*`` would (docs/security.md)."""
+    return f"{record_prefix(namespace)}*"
+
+
+def tool_call_id_of(namespace: str, key: bytes | str) -> str | None:
+    """The tool_call_id whose record key in ``namespace`` is ``key``; None when ``key`` is no record
+    key of that namespace (a key of another namespace, even one that begins the same way, or one
+    whose tag is not its id's digest).
+
+    Read from the left: the namespace is known and holds no ``{``, and the tag has a fixed length, so
+    whatever follows ``<namespace>:{<tag>}:`` is the id, ``:{<16 hex digits>}:`` and braces included.
+    """
+    if isinstance(key, bytes):
+        try:
+            text = key.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # record_key encodes the id as UTF-8: this key is not one
+    else:
+        text = key
+    prefix = record_prefix(namespace)
+    if not text.startswith(prefix):
+        return None
+    tag_end = len(prefix) + _TAG_HEX
+    if text[tag_end : tag_end + 2] != "}:":
+        return None
+    tool_call_id = text[tag_end + 2 :]
+    if slot_tag(tool_call_id) != text[len(prefix) : tag_end]:
+        return None
+    return tool_call_id
