@@ -117,7 +117,10 @@ def test_begin_that_never_gets_through_refuses_and_never_runs_twice(
         assert first.result == "refused:store_unavailable", first
         assert "did not run" in first.detail
         assert history.runs[tool_call_id] == 0
-        assert rule.applied == 2  # the first send and redis-py's one re-send
+        # the first send and redis-py's one re-send (on a loaded machine the re-send's connect may
+        # time out before it reaches the proxy); never more: the store adds no re-sends of its own
+        # to those of a client it was given
+        assert 1 <= rule.applied <= 2
     # the link is back (another process, or the same one later): the retry never runs the tool twice
     direct = Tools(RedisEffectStore(upstream.url, namespace=namespace), history)
     retry = direct.call(tool_call_id, kind=kind, phase="retry")
