@@ -2,8 +2,9 @@
 
 - :class:`ChaosProxy`: a relay on 127.0.0.1 in front of a redis-server (unix socket or host:port) that
   applies :class:`Fault` rules to the Nth request matching a predicate: drop its reply, drop the request
-  itself, or cut the connection before or after the server ran it. ``cut_all()`` cuts every live
-  connection at once (a link that dies while the tool runs).
+  itself, cut the connection before or after the server ran it, or hold it on its way (``DELAY``: it
+  lands late, even after its client gave up). ``cut_all()`` cuts every live connection at once (a link
+  that dies while the tool runs); ``wait_delivered()`` waits until the server has run every held request.
 - :class:`History`: every real execution of a tool body per tool_call_id, and every call's outcome
   (executed, replayed, refused with a reason, error). ``summary()``/``report()`` print what was measured.
 - :class:`Tools`: guarded tools (irreversible ``transfer``, costly ``send_sms``, reversible ``refresh``),
@@ -26,7 +27,7 @@ import socket
 import threading
 import time
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,10 @@ class Action(enum.Enum):
     DROP_REQUEST = "drop_request"  # the request never reaches the server; the connection goes silent
     CUT_BEFORE = "cut_before"  # the connection is cut before the request is forwarded
     CUT_AFTER = "cut_after"  # the server runs it; the connection is cut when its reply arrives
+    # the request reaches the server Fault.delay seconds late, and every later request of its connection
+    # after it (a slow network keeps a connection's order); what the client sent still arrives if it has
+    # closed the connection meanwhile (the server's replies to it are then read and discarded)
+    DELAY = "delay"
 
 
 @dataclass
@@ -76,6 +81,7 @@ class Fault:
     times: int = 1
     seen: int = 0
     applied: int = 0
+    delay: float = 0.0  # seconds, for Action.DELAY
 
 
 @dataclass
@@ -85,6 +91,12 @@ class _Link:
     silent: threading.Event = field(default_factory=threading.Event)  # replies are swallowed
     blackhole: bool = False  # requests are swallowed too
     cut_on_reply: bool = False
+    # Action.DELAY: requests held on their way (when each is due, the request, its arguments), in order
+    held: deque[tuple[float, bytes, list[bytes]]] = field(default_factory=deque)
+    delaying: bool = False  # a request of this connection was held: its deliverer thread runs
+    client_gone: bool = False  # the client closed the connection (what it sent still goes through)
+    finished: threading.Event = field(default_factory=threading.Event)  # the server closed it after all
+    wake: threading.Condition = field(default_factory=threading.Condition)
 
 
 class ChaosProxy:
@@ -95,8 +107,11 @@ class ChaosProxy:
         self.faults = list(faults)
         self.events: list[tuple[str, str]] = []  # (action, command) of every fault applied
         self.forwarded: Counter[str] = Counter()  # requests that reached the server, by command
+        self.delivered_late: list[list[bytes]] = []  # the held requests (arguments), in the order they landed
         self._lock = threading.Lock()
         self._links: list[_Link] = []
+        self._delaying_links: list[_Link] = []
+        self._holding = 0  # requests held right now (Action.DELAY)
         self._threads: list[threading.Thread] = []
         self._closing = threading.Event()
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -112,6 +127,26 @@ class ChaosProxy:
     def applied(self, action: Action) -> int:
         with self._lock:
             return sum(1 for a, _ in self.events if a == action.value)
+
+    def holding(self) -> int:
+        """How many requests are held on their way right now (Action.DELAY)."""
+        with self._lock:
+            return self._holding
+
+    def delivered(self) -> bool:
+        """True when no request is held any more and every connection that held one was closed by the
+        server after its last request: the server has run everything those connections carried (a
+        server reads and runs what it was sent before it sees the end of the connection). A connection
+        whose client is still open counts once its held requests were forwarded."""
+        with self._lock:
+            if self._holding:
+                return False
+            links = list(self._delaying_links)
+        return all(link.finished.is_set() or not link.client_gone for link in links)
+
+    def wait_delivered(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` seconds) until :meth:`delivered`."""
+        wait_until("the held requests to reach the server and run", self.delivered, timeout)
 
     def cut_all(self) -> int:
         """Cut every open connection now; returns how many were cut."""
@@ -151,6 +186,10 @@ class ChaosProxy:
             self._spawn(self._replies, link)
 
     def _verdict(self, args: list[bytes]) -> Action | None:
+        fault = self._fault_for(args)
+        return fault.action if fault is not None else None
+
+    def _fault_for(self, args: list[bytes]) -> Fault | None:
         with self._lock:
             for fault in self.faults:
                 if not fault.match(args):
@@ -159,8 +198,50 @@ class ChaosProxy:
                 if fault.nth <= fault.seen < fault.nth + fault.times:
                     fault.applied += 1
                     self.events.append((fault.action.value, args[0].decode(errors="replace").upper()))
-                    return fault.action
+                    return fault
         return None
+
+    def _hold(self, link: _Link, raw: bytes, args: list[bytes], delay: float) -> None:
+        """Action.DELAY: queue a request for the server, due ``delay`` seconds from now (and never
+        before the requests held ahead of it on its connection)."""
+        with link.wake:
+            due = time.monotonic() + delay
+            if link.held:
+                due = max(due, link.held[-1][0])
+            link.held.append((due, raw, args))
+            start = not link.delaying
+            link.delaying = True
+            link.wake.notify_all()
+        with self._lock:
+            self._holding += 1
+            if start:
+                self._delaying_links.append(link)
+        if start:
+            self._spawn(self._deliver, link)
+
+    def _deliver(self, link: _Link) -> None:
+        """Forward a connection's held requests when due, in order; once its client has gone and nothing
+        is left, end the connection towards the server (which then runs what it got and closes it)."""
+        while True:
+            with link.wake:
+                while not link.held and not link.client_gone:
+                    link.wake.wait()
+                if not link.held:
+                    break
+                due, raw, args = link.held[0]
+                left = due - time.monotonic()
+                if left > 0:
+                    link.wake.wait(left)  # a proxy's own clock: the request is due then
+                    continue
+                link.held.popleft()
+            with contextlib.suppress(OSError):  # a server gone meanwhile: the request is lost
+                link.upstream.sendall(raw)
+            with self._lock:
+                self._holding -= 1
+                self.forwarded[args[0].decode(errors="replace").upper()] += 1
+                self.delivered_late.append(args)
+        with contextlib.suppress(OSError):
+            link.upstream.shutdown(socket.SHUT_WR)
 
     def _requests(self, link: _Link) -> None:
         buffer = b""
@@ -170,6 +251,11 @@ class ChaosProxy:
             except OSError:
                 chunk = b""
             if not chunk:
+                with link.wake:
+                    if link.delaying:  # what it sent still goes through (see _deliver)
+                        link.client_gone = True
+                        link.wake.notify_all()
+                        return
                 _close(link.upstream)
                 return
             buffer += chunk
@@ -178,7 +264,12 @@ class ChaosProxy:
                 raw, buffer = buffer[:size], buffer[size:]
                 if link.blackhole:
                     continue
-                action = self._verdict(args)
+                fault = self._fault_for(args)
+                action = fault.action if fault is not None else None
+                if action is Action.DELAY or link.delaying:
+                    delay = fault.delay if fault is not None and action is Action.DELAY else 0.0
+                    self._hold(link, raw, args, delay)
+                    continue
                 if action is Action.CUT_BEFORE:
                     _close(link.client)
                     _close(link.upstream)
@@ -208,12 +299,15 @@ class ChaosProxy:
             if not chunk or link.cut_on_reply:
                 _close(link.client)
                 _close(link.upstream)
+                link.finished.set()
                 return
             if link.silent.is_set():
                 continue
             try:
                 link.client.sendall(chunk)
             except OSError:
+                if link.delaying:
+                    continue  # its client is gone: read what the server still answers, to the end
                 return
 
     def start(self) -> ChaosProxy:
@@ -223,6 +317,16 @@ class ChaosProxy:
     def close(self) -> None:
         self._closing.set()
         _close(self._listener)
+        with self._lock:
+            delaying = list(self._delaying_links)
+        for link in delaying:  # requests still held are dropped
+            with link.wake:
+                dropped = len(link.held)
+                link.held.clear()
+                link.client_gone = True
+                link.wake.notify_all()
+            with self._lock:
+                self._holding -= dropped
         self.cut_all()
         with self._lock:
             threads = list(self._threads)
@@ -767,17 +871,17 @@ def trace_client_retries() -> None:
     """In this process, make the store's URL-built clients use the noting Retry classes (same policy)."""
     from redis.backoff import ExponentialWithJitterBackoff
 
-    from airlock_redis.stores import url
+    from airlock_redis.stores import tries, url
 
-    base, cap = url.RETRY_BACKOFF
+    base, cap = tries.RETRY_BACKOFF
     errors = [redis.ConnectionError, redis.TimeoutError]
 
-    def sync_options() -> dict[str, Any]:
-        retry = _TracedRetry(ExponentialWithJitterBackoff(base=base, cap=cap), url.RETRIES)
+    def sync_options(retries: int = tries.RETRIES) -> dict[str, Any]:
+        retry = _TracedRetry(ExponentialWithJitterBackoff(base=base, cap=cap), retries)
         return {"retry": retry, "retry_on_error": errors}
 
-    def async_options() -> dict[str, Any]:
-        retry = _TracedAsyncRetry(ExponentialWithJitterBackoff(base=base, cap=cap), url.RETRIES)
+    def async_options(retries: int = tries.RETRIES) -> dict[str, Any]:
+        retry = _TracedAsyncRetry(ExponentialWithJitterBackoff(base=base, cap=cap), retries)
         return {"retry": retry, "retry_on_error": errors}
 
     url.retry_options = sync_options
