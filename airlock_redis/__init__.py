@@ -1,4 +1,21 @@
-"""airlock_redis: at-most-once tool calls for AI agents, shared across processes through Redis."""
+"""airlock_redis: at-most-once tool calls for AI agents, shared across processes through Redis.
+
+Start with :class:`EffectGuard` on a :class:`RedisEffectStore`, ``guard.wrap`` your tools, and carry
+the model's tool call id with :func:`tool_call_context` (or pass it by hand: ``guard.call``).
+
+The names below are values, not classes or functions, so they are described here:
+
+- ``DEFAULT_AMBIGUOUS_ERRORS``: the exception classes that leave a call ``unknown`` by default
+  (``TimeoutError``, ``ConnectionResetError``, ``ConnectionAbortedError``, ``BrokenPipeError``,
+  :class:`EffectOutcomeUnknown`); extend it with ``ambiguous_errors=(*DEFAULT_AMBIGUOUS_ERRORS, E)``.
+- ``REFUSAL_REASONS``: every value :attr:`EffectRefused.reason` takes, as a tuple of strings.
+- ``RefusalReason``: the same values as a ``typing.Literal`` type.
+- ``Approver``: the type of ``EffectGuard(approver=...)``: a callable that takes an
+  :class:`ApprovalRequest` and returns (or awaits to) True to let the call run.
+- ``Airlock``, ``SecurityPolicy``: agent_airlock's classes with the guard inside (the ``airlock``
+  extra); loaded on first use.
+- ``__version__``: this package's version.
+"""
 
 from __future__ import annotations
 

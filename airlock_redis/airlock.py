@@ -379,6 +379,8 @@ class Airlock(_BaseAirlock):
 
     @property
     def return_dict(self) -> bool:
+        """agent_airlock's ``return_dict`` option (True: every result comes back as a response dict),
+        read as False for a call the guard refused (its refusal is already a blocked response)."""
         # agent_airlock reads this after the tool returned: a guard refusal is already a
         # blocked response and must not be wrapped as a success. The value lives where
         # agent_airlock keeps it (the instance's __dict__), as it was given.
@@ -394,6 +396,8 @@ class Airlock(_BaseAirlock):
 
     @property
     def config(self) -> AirlockConfig:
+        """agent_airlock's ``AirlockConfig`` for this tool; for a call the guard refused, a copy with
+        ``sanitize_output`` off (the refusal is not a tool output to sanitise)."""
         # agent_airlock passes what the tool returned through its output sanitizer, but never
         # its own blocked responses: a guard refusal, returned in the tool's place, is one.
         config: AirlockConfig = self.__dict__["config"]

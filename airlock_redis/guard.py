@@ -114,14 +114,20 @@ class EffectGuard:
 
     @property
     def require_tool_call_id(self) -> bool:
+        """Whether a call to a tool that is not reversible, made without a usable tool_call_id, is
+        refused (``tool_call_id_required``); when False it runs without a record."""
         return self.options.require_tool_call_id
 
     @property
     def require_approval_for_irreversible(self) -> bool:
+        """Whether every call to an irreversible tool (replays included) goes to the ``approver``
+        first; with no approver such a call is refused (``approval_denied``)."""
         return self.options.require_approval_for_irreversible
 
     @property
     def target_args(self) -> tuple[str, ...]:
+        """The argument names of which a call to an irreversible tool must pass at least one with a
+        value (``target_args_required`` otherwise); empty: no such check."""
         return tuple(self.options.target_args)
 
     def __repr__(self) -> str:

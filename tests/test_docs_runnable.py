@@ -370,3 +370,93 @@ def test_the_link_check_catches_a_missing_page_or_anchor(tmp_path: Path) -> None
     assert len(problems) == 2, problems
     assert "no heading with the anchor #no-such-section in other.md" in problems[0]
     assert "missing.md" in problems[1] and "does not exist" in problems[1]
+
+
+# -- the README's python blocks type-check ----------------------------------------------------------
+# A runnable python block of the README is what a newcomer copies into a project that runs
+# `mypy --strict`: it must pass there too. Blocks that import an optional framework (anything but the
+# standard library, redis and airlock_redis) are left out: their types come from another project.
+CHECKED_IMPORTS = frozenset({"airlock_redis", "redis"})
+
+
+def imported_roots(source: str) -> set[str]:
+    """The top-level modules a block imports."""
+    import ast
+
+    roots: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def optional_imports(source: str) -> set[str]:
+    return {
+        m for m in imported_roots(source) if m not in sys.stdlib_module_names and m not in CHECKED_IMPORTS
+    }
+
+
+def strict_type_errors(block: Block, folder: Path) -> list[str]:
+    """``mypy --strict`` (with the project's configuration) on one block: its error lines, empty when
+    it passes."""
+    from mypy import api
+
+    script = folder / f"{re.sub(r'[^0-9A-Za-z]+', '_', block.page)}_{block.line}.py"
+    script.write_text(block.text, encoding="utf-8")
+    out, err, status = api.run(
+        [
+            "--config-file",
+            str(PROJECT_ROOT / "pyproject.toml"),
+            "--strict",
+            "--cache-dir",
+            str(folder / ".mypy_cache"),
+            "--no-error-summary",
+            "--hide-error-context",
+            str(script),
+        ]
+    )
+    # "<script>:<n>: error: ..." -> "<page>:<line in the page>: error: ..." (line 1 follows the fence)
+    found = re.compile(re.escape(str(script)) + r":(?P<n>\d+):(?P<rest> error: .*)")
+    errors = [
+        f"{block.page}:{block.line + int(m['n'])}:{m['rest']}"
+        for m in map(found.match, out.splitlines())
+        if m is not None
+    ]
+    assert status == (1 if errors else 0), f"mypy did not run: {err or out}"
+    return errors
+
+
+def readme_python_blocks() -> list[Block]:
+    blocks = parse_blocks((PROJECT_ROOT / "README.md").read_text("utf-8"), "README.md")
+    return [b for b in blocks if b.runnable and LANGUAGES[b.language] == "python"]
+
+
+@pytest.fixture(scope="module")
+def mypy_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mypy")  # one cache for every block of the module
+
+
+@pytest.mark.parametrize("block", readme_python_blocks(), ids=Block.where)
+def test_the_readmes_python_blocks_pass_mypy_strict(block: Block, mypy_folder: Path) -> None:
+    skipped = optional_imports(block.text)
+    if skipped:
+        pytest.skip(f"{block.where()} imports {', '.join(sorted(skipped))}: an optional framework")
+    assert strict_type_errors(block, mypy_folder) == []
+
+
+def test_the_type_check_catches_an_error_and_skips_frameworks(mypy_folder: Path) -> None:
+    good = Block(
+        "t.md", 1, "python", RUNNABLE, "from airlock_redis import EffectGuard\nguard = EffectGuard()\n"
+    )
+    bad = Block("t.md", 5, "python", RUNNABLE, "def f() -> dict:\n    return {}\n")
+    assert strict_type_errors(good, mypy_folder) == []
+    errors = strict_type_errors(bad, mypy_folder)
+    assert len(errors) == 1 and errors[0].startswith("t.md:6: error: Missing type arguments")
+    assert optional_imports("import json, redis\nfrom airlock_redis import X\nfrom . import y\n") == set()
+    assert optional_imports("import agent_airlock.x\nfrom langchain.tools import t\n") == {
+        "agent_airlock",
+        "langchain",
+    }
+    assert any(optional_imports(b.text) for b in readme_python_blocks())  # the agent_airlock example

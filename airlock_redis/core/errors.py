@@ -69,7 +69,26 @@ class EffectOutcomeUnknown(Exception):
 
 
 class EffectRefused(Exception):
-    """The guard refused to run (or replay) a tool call. ``reason`` says why."""
+    """The guard refused to run (or replay) a tool call. ``reason`` says why.
+
+    Catch this class for every refusal; each reason has a subclass. Attributes:
+
+    - ``reason``: one of :data:`RefusalReason` (``effect_status_unknown``, ``policy_violation``,
+      ``tool_call_id_required``, ``target_args_required``, ``approval_denied``,
+      ``store_unavailable``, ``result_not_stored``, ``record_corrupt``); a class attribute of the
+      subclass.
+    - ``message``: what happened, for people and logs.
+    - ``fix_hint``: what to do next (for a call in doubt: the ``airlock-redis resolve`` command for
+      this store); ``str(error)`` is ``[reason] message fix_hint``.
+    - ``model_message``: the text to give the model in place of the tool's result (no key or
+      operator command in it).
+    - ``tool``: the tool's name.
+    - ``tool_call_id``: the call's id (None when the call carried no usable one).
+    - ``idempotency_key``: the sha256 of the tool and its canonical arguments, to ask the backend
+      about (None when the refusal came before it was computed).
+
+    ``repr(error)`` shows the class, reason, tool, tool_call_id and message.
+    """
 
     reason: RefusalReason
 

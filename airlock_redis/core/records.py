@@ -62,6 +62,10 @@ class BeginRequest(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class BeginOutcome:
+    """What a store's ``begin`` answers: ``kind`` (what it found and did), the record's ``attempt``
+    number, for COMMITTED the stored ``value`` (None when it could not be stored) and its ``mac``,
+    for MISMATCH the ``tool`` and ``idempotency_key`` the record belongs to."""
+
     kind: BeginKind
     attempt: int = 1
     value: bytes | None = None  # committed: the stored result, None when it could not be stored

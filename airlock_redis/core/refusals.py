@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import threading
 from collections.abc import Sequence
 
 from .errors import (
@@ -101,16 +102,33 @@ def store_unavailable(
     )
 
 
+# Said whenever an id is missing: a worker thread does not see the context it was submitted from.
+_BY_HAND = (
+    "A worker thread (a ThreadPoolExecutor, loop.run_in_executor) does not see the context variables "
+    "of the code that submitted it, even inside that `with` block: there, pass the id by hand, "
+    "`guard.call(tool_call.id, fn, *args, **kwargs)` (or `await guard.acall(...)` for an async tool)."
+)
+
+
 def tool_call_id_required(tool: str, tag: Reversibility, problem: str) -> ToolCallIdRequired:
+    """The refusal of a call that carries no usable tool_call_id. Its hint names both ways to carry
+    the id; in a thread other than the main one (where a context variable set by the submitting
+    code is not seen) it starts with the by-hand way, ``guard.call``."""
+    in_context = (
+        "The host must carry the model's tool call id on the call: "
+        "`with tool_call_context(tool_call.id): ...`, or under agent_airlock "
+        "`with AirlockContext(metadata={'tool_call_id': tool_call.id}): ...`."
+    )
+    if threading.current_thread() is threading.main_thread():
+        hint = f"{in_context} {_BY_HAND}"
+    else:
+        where = f"This call runs in the thread {threading.current_thread().name!r}, not the main one."
+        hint = f"{where} {_BY_HAND} Elsewhere: {in_context[0].lower()}{in_context[1:]}"
     return ToolCallIdRequired(
         f"{tool!r} is {tag.value} and {problem}, so it cannot be run at most once.",
         tool=tool,
         tool_call_id=None,
-        fix_hint=(
-            "The host must carry the model's tool call id on the call: "
-            "`with tool_call_context(tool_call.id): ...`, or under agent_airlock "
-            "`with AirlockContext(metadata={'tool_call_id': tool_call.id}): ...`."
-        ),
+        fix_hint=hint,
     )
 
 

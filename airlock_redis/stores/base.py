@@ -16,6 +16,10 @@ from ..core.records import BeginOutcome, BeginRequest, Record, Settlement, Statu
 
 @runtime_checkable
 class EffectStore(Protocol):
+    """What the guard needs of a store: :class:`~airlock_redis.InMemoryEffectStore` and
+    :class:`~airlock_redis.RedisEffectStore` keep it; write your own against it. Every operation
+    has a blocking form and an ``a``-prefixed coroutine form (see the module's docstring)."""
+
     def begin(self, request: BeginRequest) -> BeginOutcome:
         """Record the call pending for ``request.token``, or report what an earlier attempt left.
 
@@ -63,17 +67,23 @@ class EffectStore(Protocol):
         (None skips a check); nothing is changed then."""
         ...
 
-    async def abegin(self, request: BeginRequest) -> BeginOutcome: ...
+    async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        """Coroutine form of :meth:`begin`."""
+        ...
 
     async def acommit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
-    ) -> TransitionResult: ...
+    ) -> TransitionResult:
+        """Coroutine form of :meth:`commit`."""
+        ...
 
-    async def asettle(
-        self, request: BeginRequest, attempt: int, settlement: Settlement
-    ) -> TransitionResult: ...
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """Coroutine form of :meth:`settle`."""
+        ...
 
-    async def aget(self, tool_call_id: str) -> Record | None: ...
+    async def aget(self, tool_call_id: str) -> Record | None:
+        """Coroutine form of :meth:`get`."""
+        ...
 
     async def aresolve(
         self,
@@ -85,7 +95,9 @@ class EffectStore(Protocol):
         expect_owner: str | None = None,
         value: bytes | None = None,
         mac: bytes | None = None,
-    ) -> TransitionResult: ...
+    ) -> TransitionResult:
+        """Coroutine form of :meth:`resolve`."""
+        ...
 
 
 def check_verdict(verdict: Status | Settlement) -> Status | Settlement:

@@ -75,7 +75,11 @@ _SWEEP_BATCH = 32
 
 class InMemoryEffectStore:
     """Holds one process's records. Two processes never see each other's calls: use a shared
-    store such as :class:`~airlock_redis.RedisEffectStore` to cover replicas."""
+    store such as :class:`~airlock_redis.RedisEffectStore` to cover replicas.
+
+    ``committed_ttl``, ``pending_ttl`` and ``unknown_ttl`` are how many seconds a record lives in
+    each status; ``clock`` (monotonic seconds) is what they are measured with. Thread-safe: one lock
+    guards every transition."""
 
     def __init__(
         self,
@@ -156,6 +160,10 @@ class InMemoryEffectStore:
 
     # -- the transitions -------------------------------------------------------------------------
     def begin(self, request: BeginRequest) -> BeginOutcome:
+        """Record the call pending for ``request.token``, or report what an earlier attempt left
+        (STARTED, COMMITTED with the value, MISMATCH, or the status in doubt); a reversible request
+        takes over a pending or unknown record (attempt + 1). The contract:
+        :meth:`airlock_redis.EffectStore.begin`."""
         with self._lock:
             now = self._clock()
             row = self._live(request.tool_call_id, now)
@@ -184,6 +192,10 @@ class InMemoryEffectStore:
     def commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
+        """The attempt that owns the record (``request.token``) marks it committed with the tool's
+        encoded ``value`` (None: ran, result not stored) and its ``mac``: OK, SUPERSEDED for an
+        attempt that no longer owns it, RECREATED when no record was left (written again as
+        committed). The contract: :meth:`airlock_redis.EffectStore.commit`."""
         with self._lock:
             now = self._clock()
             row = self._live(request.tool_call_id, now)
@@ -201,6 +213,8 @@ class InMemoryEffectStore:
             return TransitionResult.OK
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """The owning attempt marks its pending record unknown, or releases it (leaving a short-lived
+        tombstone of its token). The contract: :meth:`airlock_redis.EffectStore.settle`."""
         with self._lock:
             tool_call_id = request.tool_call_id
             now = self._clock()
@@ -226,6 +240,8 @@ class InMemoryEffectStore:
             return TransitionResult.OK
 
     def get(self, tool_call_id: str) -> Record | None:
+        """The record of ``tool_call_id`` (with its remaining TTL), or None when there is none, it
+        expired, or it was released."""
         with self._lock:
             now = self._clock()
             row = self._live(tool_call_id, now)
@@ -257,6 +273,9 @@ class InMemoryEffectStore:
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
+        """An operator's verdict (committed with ``value``, unknown, or release), applied only when
+        the record still matches what the operator was shown (``expect_*``; None skips a check):
+        OK, MISSING, MISMATCH or CHANGED. The contract: :meth:`airlock_redis.EffectStore.resolve`."""
         verdict = check_verdict(verdict)
         with self._lock:
             now = self._clock()
@@ -283,17 +302,21 @@ class InMemoryEffectStore:
 
     # -- the same, for coroutines (nothing here blocks) ------------------------------------------
     async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        """Coroutine form of :meth:`begin` (nothing here waits)."""
         return self.begin(request)
 
     async def acommit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
+        """Coroutine form of :meth:`commit`."""
         return self.commit(request, attempt, value, mac)
 
     async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """Coroutine form of :meth:`settle`."""
         return self.settle(request, attempt, settlement)
 
     async def aget(self, tool_call_id: str) -> Record | None:
+        """Coroutine form of :meth:`get`."""
         return self.get(tool_call_id)
 
     async def aresolve(
@@ -307,6 +330,7 @@ class InMemoryEffectStore:
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
+        """Coroutine form of :meth:`resolve`."""
         return self.resolve(
             tool_call_id,
             verdict,

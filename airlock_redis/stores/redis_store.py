@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 import secrets
 import shlex
 import time
@@ -67,6 +68,10 @@ from .url import async_client as url_async_client
 T = TypeVar("T")
 
 DEFAULT_URL = "redis://localhost:6379/0"
+# the URL a store made with no url and no client connects to (the CLI's --url default too)
+URL_ENV = "AIRLOCK_REDIS_URL"
+# the --url a refusal shows for a client= whose connection gives no URL
+CLIENT_URL_UNKNOWN = "<the URL of the Redis that the application's client= connects to>"
 _TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _REDIS_FAILURES = (redis.RedisError, OSError)
 # Sent as EVAL with their source: they must run when they land, whatever the script cache holds.
@@ -124,10 +129,18 @@ class RedisEffectStore:
         self._pending_ms = str(self.ttls.millis(Status.PENDING)).encode()
         self._committed_ms = str(self.ttls.millis(Status.COMMITTED)).encode()
         self._unknown_ms = str(self.ttls.millis(Status.UNKNOWN)).encode()
+        if url is not None and client is not None:
+            raise ValueError(
+                "RedisEffectStore takes url or client=, not both: with client= the store uses that "
+                "client and nothing else, so the URL would be shown (in repr and in refusals) but never "
+                "used. Pass only client= (the store derives the URL it shows from the client's "
+                "connection), or only url."
+            )
         if url is None and client is None and async_client is None:
-            url = DEFAULT_URL
-        self.url = url
+            url = os.environ.get(URL_ENV) or DEFAULT_URL
         self._parsed_url = parse_url(url) if url is not None else None
+        # redis+unix:// is stored as the unix:// URL it names: the one redis-py and the CLI take
+        self.url = self._parsed_url.url if self._parsed_url is not None else None
         self.wait_replicas = wait_replicas
         self._replica_wait = ReplicaWait(wait_replicas, wait_timeout) if wait_replicas else None
         self._facts: ServerFacts | None = None
@@ -201,20 +214,60 @@ class RedisEffectStore:
             return async_twin_factory(self._client)
         return None
 
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> RedisEffectStore:
+        """``RedisEffectStore.from_url(url, namespace=..., ...)``: the same as
+        ``RedisEffectStore(url, **options)``, spelled as redis-py's ``Redis.from_url``. ``options`` are
+        this class's keyword options (``namespace``, the TTLs, timeouts, ``wait_replicas``, ...)."""
+        return cls(url, **options)
+
+    def __enter__(self) -> RedisEffectStore:
+        """``with RedisEffectStore(url) as store:`` closes the blocking client when the block ends
+        (as :meth:`close` does, a client passed as ``client=`` included)."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RedisEffectStore:
+        """``async with RedisEffectStore(url) as store:`` closes the running event loop's asyncio
+        client when the block ends (as :meth:`aclose` does)."""
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     @property
     def operator_target(self) -> str:
         """``--url <url without its password> --namespace <namespace>``: what ``airlock-redis``
-        needs to reach these records (the operator supplies the password, if any)."""
-        url = without_password(self.url) if self.url else "<this store's Redis URL>"
+        needs to reach these records (the operator supplies the password, if any).
+
+        A store given ``client=`` shows the URL of that client's connection (``redis://host:port/db``,
+        ``rediss://``, ``unix://path?db=N``, ``redis+cluster://``, ``redis+sentinel://``, user kept,
+        password left out); for a client whose connection it cannot read, the ``--url`` value says
+        that the URL is the one the application's client connects to."""
+        if self.url:
+            url = without_password(self.url)
+        else:
+            derived = url_of_client(self._client) if self._client is not None else None
+            url = derived or CLIENT_URL_UNKNOWN
         return f"--url {shlex.quote(url)} --namespace {shlex.quote(self.namespace)}"
 
     def __repr__(self) -> str:
-        where = redact(self.url) if self.url else type(self._client).__name__
+        if self.url:
+            where = redact(self.url)
+        elif self._client is not None:
+            derived = url_of_client(self._client)
+            where = f"client={type(self._client).__name__}" + (f" at {derived}" if derived else "")
+        else:
+            where = "async_client only"
         return f"RedisEffectStore({where!s}, namespace={self.namespace!r})"
 
     # -- clients ---------------------------------------------------------------------------------
     @property
     def client(self) -> SyncClient:
+        """The blocking redis-py client: the one passed as ``client=``, else made from the URL on
+        first use."""
         if self._client is None:
             if self.url is None:
                 raise StoreError(
@@ -299,6 +352,7 @@ class RedisEffectStore:
         return facts
 
     async def acheck_server(self) -> ServerFacts | None:
+        """Coroutine form of :meth:`check_server`, through the running loop's client."""
         client = self.async_client()
         try:
             facts: ServerFacts | None = await aread_facts(client)
@@ -320,6 +374,7 @@ class RedisEffectStore:
             self._replica_wait.ensure(request.token)
 
     async def aensure_durable(self, request: BeginRequest) -> None:
+        """Coroutine form of :meth:`ensure_durable`."""
         if self._replica_wait is not None:
             self._replica_wait.ensure(request.token)
 
@@ -410,6 +465,7 @@ class RedisEffectStore:
                     _step(held.closer.aclose())  # the loop is gone: end the hook without awaiting
 
     def key(self, tool_call_id: str) -> bytes:
+        """The Redis key that holds the record of ``tool_call_id`` in this store's namespace."""
         return record_key(self.namespace, tool_call_id)
 
     # -- arguments of each script (shared by both paths) -----------------------------------------
@@ -528,6 +584,9 @@ class RedisEffectStore:
     # sent with its source (EVAL), so that a Redis user who may SET but not run scripts finds out
     # before a tool runs, not at the commit after it (see acl.py for what a user needs).
     def begin(self, request: BeginRequest) -> BeginOutcome:
+        """Record the call pending for ``request.token``, or report what an earlier attempt left
+        (STARTED, COMMITTED with the value, MISMATCH, or the status in doubt), in one atomic step on
+        the server. The contract: :meth:`airlock_redis.EffectStore.begin`."""
         if not self._facts_checked:
             self.check_server()
         if self._replica_wait is not None:
@@ -543,10 +602,15 @@ class RedisEffectStore:
     def commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
+        """The attempt that owns the record marks it committed with the tool's encoded ``value`` (None:
+        ran, result not stored) and ``mac`` (sent with its script: it applies even when it lands late).
+        The contract: :meth:`airlock_redis.EffectStore.commit`."""
         args = self._commit_args(request, attempt, value, mac)
         return parse_transition(self._run("commit", request.tool_call_id, args))
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """The owning attempt marks its pending record unknown, or releases it (sent with its script:
+        it applies even when it lands late). The contract: :meth:`airlock_redis.EffectStore.settle`."""
         args = self._settle_args(request, attempt, settlement)
         return parse_transition(self._run("settle", request.tool_call_id, args))
 
@@ -561,10 +625,15 @@ class RedisEffectStore:
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
+        """An operator's verdict (committed with ``value``, unknown, or release), applied only when the
+        record still matches what the operator was shown (``expect_*``). The contract:
+        :meth:`airlock_redis.EffectStore.resolve`."""
         args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
         return parse_transition(self._run("resolve", tool_call_id, args))
 
     def get(self, tool_call_id: str) -> Record | None:
+        """The record of ``tool_call_id`` (with its remaining TTL), or None; a key that holds no
+        well-formed record raises :class:`~airlock_redis.core.errors.CorruptRecordError`."""
         key = self.key(tool_call_id)
 
         def read() -> list[Any]:
@@ -581,6 +650,7 @@ class RedisEffectStore:
         return parse_record(tool_call_id, data, int(pttl))
 
     def ping(self) -> bool:
+        """Whether the server answers PING (a StoreError when it cannot be reached)."""
         return bool(self._guarded(self.client.ping))
 
     def load_scripts(self) -> None:
@@ -589,6 +659,8 @@ class RedisEffectStore:
             self._guarded(lambda name=name: self.client.script_load(script_source(name)))  # type: ignore[misc]
 
     def close(self) -> None:
+        """Close the blocking client's connections (``with store:`` does this when the block ends);
+        a later call connects again."""
         if self._client is not None:
             self._client.close()
 
@@ -611,6 +683,7 @@ class RedisEffectStore:
         return await self._aguarded(lambda: send(*args))
 
     async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        """Coroutine form of :meth:`begin`, through the running loop's client."""
         if not self._facts_checked:
             await self.acheck_server()
         if self._replica_wait is not None:
@@ -628,10 +701,12 @@ class RedisEffectStore:
     async def acommit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
+        """Coroutine form of :meth:`commit`."""
         args = self._commit_args(request, attempt, value, mac)
         return parse_transition(await self._arun("commit", request.tool_call_id, args))
 
     async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """Coroutine form of :meth:`settle`."""
         args = self._settle_args(request, attempt, settlement)
         return parse_transition(await self._arun("settle", request.tool_call_id, args))
 
@@ -646,10 +721,12 @@ class RedisEffectStore:
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
+        """Coroutine form of :meth:`resolve`."""
         args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
         return parse_transition(await self._arun("resolve", tool_call_id, args))
 
     async def aget(self, tool_call_id: str) -> Record | None:
+        """Coroutine form of :meth:`get`."""
         key = self.key(tool_call_id)
 
         async def read() -> list[Any]:
@@ -810,3 +887,50 @@ def _failure(exc: BaseException, maybe_applied: bool | None = None) -> StoreErro
     if maybe_applied is None:
         maybe_applied = not never_sent(exc)
     return StoreError(message, maybe_applied=maybe_applied)
+
+
+def url_of_client(client: Any) -> str | None:
+    """The Redis URL a redis-py client connects to, without its password (the user is kept), for
+    what an operator pastes: ``redis://host:port/db``, ``rediss://...``, ``unix://path[?db=N]``,
+    ``redis+cluster://h:p,h:p``, ``redis+sentinel://h:p,h:p/<service>[/db]``. None for a client
+    whose connection is not one of redis-py's own (a fake, a custom connection class)."""
+    from redis import connection as sconnection
+    from redis import sentinel as ssentinel
+
+    if isinstance(client, RedisCluster):
+        nodes = client.nodes_manager.startup_nodes.values()
+        given = client.nodes_manager.connection_kwargs
+        tls = "SSL" in getattr(given.get("connection_class"), "__name__", "")
+        hosts = ",".join(_host_text(str(node.host), int(node.port)) for node in nodes)
+        return f"{'rediss' if tls else 'redis'}+cluster://{_user_at(given)}{hosts}" if hosts else None
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        return None
+    kind, kwargs = pool.connection_class, pool.connection_kwargs
+    db = int(kwargs.get("db") or 0)
+    if isinstance(pool, ssentinel.SentinelConnectionPool):
+        manager = pool.sentinel_manager
+        seeds = [s.connection_pool.connection_kwargs for s in manager.sentinels]
+        hosts = ",".join(_host_text(str(k.get("host")), int(k.get("port", 26379))) for k in seeds)
+        tls = issubclass(kind, ssentinel.SentinelManagedSSLConnection)
+        scheme = "rediss+sentinel" if tls else "redis+sentinel"
+        tail = f"/{db}" if db else ""
+        return f"{scheme}://{_user_at(kwargs)}{hosts}/{pool.service_name}{tail}" if hosts else None
+    if kind is sconnection.UnixDomainSocketConnection:
+        return f"unix://{_user_at(kwargs)}{kwargs['path']}" + (f"?db={db}" if db else "")
+    if kind in (sconnection.Connection, sconnection.SSLConnection):
+        scheme = "rediss" if kind is sconnection.SSLConnection else "redis"
+        where = _host_text(str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379)))
+        return f"{scheme}://{_user_at(kwargs)}{where}/{db}"
+    return None
+
+
+def _host_text(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _user_at(kwargs: dict[str, Any]) -> str:
+    from urllib.parse import quote
+
+    user = kwargs.get("username")
+    return f"{quote(str(user), safe='')}@" if user else ""

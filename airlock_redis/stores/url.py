@@ -2,8 +2,10 @@
 
 - ``redis://[user:pass@]host:port/db``, ``rediss://...`` (TLS), ``unix:///path/to.sock?db=0``: one server,
   parsed by redis-py itself (query options such as ``ssl_ca_certs=`` pass through).
+  ``redis+unix:///path/to.sock[?db=N]`` (the ``limits`` library's spelling) is the same as
+  ``unix:///path/to.sock[?db=N]``, and is kept as that ``unix://`` URL.
 - ``redis+cluster://[user:pass@]h1:p1,h2:p2[?options]`` (``rediss+cluster://`` for TLS): a Redis Cluster,
-  reached through any of the listed nodes.
+  reached through any of the listed nodes; a node without ``:port`` is on port 6379.
 - ``redis+sentinel://[user:pass@]h1:p1,h2:p2/<service>[/db][?options]`` (``rediss+sentinel://``: TLS to
   the data nodes): the primary that the sentinels name for ``<service>``, followed across failovers.
 
@@ -63,9 +65,10 @@ SyncClient: TypeAlias = "redis.Redis | RedisCluster"
 AsyncClient: TypeAlias = "aredis.Redis | AsyncRedisCluster"
 Kind = Literal["single", "cluster", "sentinel"]
 
-SINGLE_SCHEMES = ("redis", "rediss", "unix")
+SINGLE_SCHEMES = ("redis", "rediss", "unix", "redis+unix")
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+CLUSTER_PORT = 6379  # the port of a cluster node named without one (redis+cluster://host)
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "ssl_check_hostname")
 _SENTINEL_OPTIONS = ("sentinel_password", "sentinel_username")
 
@@ -101,6 +104,9 @@ def parse_url(url: str) -> RedisURL:
     if not isinstance(url, str) or "://" not in url:
         raise ValueError(f"not a Redis URL: {url!r} (expected e.g. redis://host:6379/0)")
     scheme = url.split("://", 1)[0].lower()
+    if scheme == "redis+unix":  # limits' name for unix://: redis-py and the CLI take the unix:// form
+        url = "unix://" + url.split("://", 1)[1]
+        scheme = "unix"
     if scheme in SINGLE_SCHEMES:
         return RedisURL("single", url, tls=scheme == "rediss")
     if scheme not in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
@@ -117,7 +123,8 @@ def parse_url(url: str) -> RedisURL:
         password = unquote(secret) if sep else None
         if not sep:  # redis://secret@host: a password alone
             password, username = username, None
-    hosts = tuple(_host_port(part, url) for part in netloc.split(",") if part.strip())
+    default_port = CLUSTER_PORT if scheme in CLUSTER_SCHEMES else None
+    hosts = tuple(_host_port(part, url, default_port) for part in netloc.split(",") if part.strip())
     if not hosts:
         raise ValueError(f"the URL {redact(url)!r} names no host:port")
     options = _options(query, url, sentinel=scheme in SENTINEL_SCHEMES)
@@ -288,14 +295,19 @@ def slot_primaries(client: SyncClient) -> dict[int, str]:
     return {slot: str(nodes[0].name) for slot, nodes in cache.items() if nodes}
 
 
-def _host_port(part: str, url: str) -> tuple[str, int]:
+def _host_port(part: str, url: str, default_port: int | None = None) -> tuple[str, int]:
     part = part.strip()
-    if part.startswith("["):  # [::1]:7000
-        host, _, port = part[1:].partition("]:")
+    if part.startswith("["):  # [::1]:7000, or [::1] alone
+        host, _, after = part[1:].partition("]")
+        port = after[1:] if after.startswith(":") else after  # anything but ":port" is not a port
+        named = bool(after)
     else:
         host, sep, port = part.rpartition(":")
+        named = bool(sep)
         if not sep:
             host, port = part, ""
+    if not named and default_port is not None:  # "h1" -> the default port; "h1:" stays an error
+        port = str(default_port)
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{part!r} in {redact(url)!r} is not host:port")
     return host, int(port)
