@@ -49,7 +49,7 @@ from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
 from .loop_steps import step as _step
 from .replies import parse_begin, parse_record, parse_transition
-from .scripts import SCRIPT_NAMES, script_source
+from .scripts import SCRIPT_NAMES, script_bytes, script_source
 from .server_facts import DEFAULT_MAX_BULK, ServerFacts, max_bulk_of
 from .server_facts import report as report_facts
 from .tries import RETRIES, Tries, makes_one_try, never_sent
@@ -566,7 +566,7 @@ class RedisEffectStore:
             try:
                 return send(*command)
             except NoScriptError:  # begin only: the cache was emptied; EVAL loads it again
-                return send("EVAL", script_source(name), *command[2:])
+                return send("EVAL", script_bytes(name), *command[2:])
 
         return self._guarded(run)
 
@@ -674,7 +674,7 @@ class RedisEffectStore:
             try:
                 return await send(*command)
             except NoScriptError:
-                return await send("EVAL", script_source(name), *command[2:])
+                return await send("EVAL", script_bytes(name), *command[2:])
 
         return await self._aguarded(run)
 
@@ -859,7 +859,7 @@ def _script_command(name: str, key: bytes, args: list[Any], with_source: bool = 
     """The command that runs a script: EVAL with the source for the transitions that end a call,
     EVALSHA for begin (see the module docstring)."""
     if with_source or name in _ENDING:
-        return ("EVAL", script_source(name), 1, key, *args)
+        return ("EVAL", script_bytes(name), 1, key, *args)
     return ("EVALSHA", _SHAS[name], 1, key, *args)
 
 
