@@ -1,7 +1,9 @@
 """A private redis-server for the demo, the benchmark and the tests.
 
 It listens on a unix socket in a temporary folder (or a loopback port), keeps nothing on disk
-unless asked, and is stopped and removed when the context ends.
+unless asked, and is stopped and removed when the context ends. It runs in a session (and process
+group) of its own: a terminal's Ctrl-C, sent to the whole foreground process group, reaches the
+command that started it, which stops it after its clean-up, and not the server itself.
 """
 
 from __future__ import annotations
@@ -116,8 +118,22 @@ class EmbeddedRedis:
         return args + self.extra_args
 
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
+        """Start the server and wait until it answers; anything that ends the wait early (an error, a
+        Ctrl-C) stops the server and removes its folder first (``__exit__`` runs only after this)."""
+        try:
+            return self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, timeout: float) -> EmbeddedRedis:
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(self.command(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # not in the terminal's process group: Ctrl-C is the command's
+        )
         deadline = time.monotonic() + timeout
         while True:
             if self.process.poll() is not None:
@@ -136,7 +152,6 @@ class EmbeddedRedis:
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 pass
             if time.monotonic() > deadline:
-                self.stop()
                 raise RuntimeError(f"redis-server did not answer within {timeout}s at {self.url}")
             time.sleep(0.02)
 

@@ -324,6 +324,6 @@ def test_the_operator_user_lists_inspects_resolves_and_audits(
         EffectGuard(stranger).wrap(lambda: 1, name="charge")()
     stranger.close()
     code, out, err = _cli(["list", *target, "--namespace", "other", "--json"], capsys)
-    assert code == 5 and "NoPermissionError" in err and "call-x" not in out
+    assert code == 2 and "not allowed at" in err and "NoPermissionError" in err and "call-x" not in out
     acme.close()
     eu.close()

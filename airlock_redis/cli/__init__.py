@@ -2,21 +2,27 @@
 defines ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; its ``--help`` ends with its
 exit codes.
 
-What every command shares: a bad command line is one line on stderr and exit 2 (not argparse's usage
-block); Ctrl-C is exit 130; a reader that goes away (``airlock-redis demo | head -2``) ends the command
-quietly with exit 141, as a Unix tool killed by SIGPIPE would, after its clean-up has run."""
+What every command shares: one exit-code table (``common.EXIT_CODES_TABLE``, shown by ``--help``); a
+bad command line is one line on stderr and exit 2 (not argparse's usage block); Ctrl-C is one line
+and exit 130, after the command's clean-up has run; a reader that goes away (``airlock-redis demo |
+head -2``) ends the command quietly with exit 141, as a Unix tool killed by SIGPIPE would, after its
+clean-up has run. ``--version`` prints the version of the installed distribution."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
+from .common import EXIT_CODES_TABLE
+
 COMMANDS = ("demo", "bench", "doctor", "inspect", "list", "resolve", "audit")
+DISTRIBUTION = "airlock-redis"
 
 EXIT_USAGE = 2  # a bad command line (argparse's own code; common.EXIT_USAGE is the same)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -28,6 +34,14 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def version() -> str:
+    """The installed distribution's version (its metadata), not the package face's ``__version__``."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _load(name: str) -> ModuleType | None:
@@ -43,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="airlock-redis",
         description="At-most-once tool calls for AI agents, shared through Redis.",
-        epilog="Each command's --help lists its exit codes. In every command a bad command line is "
-        "exit 2, an interrupt (Ctrl-C) 130, and a reader of its output that went away (| head) 141.",
+        epilog=f"{EXIT_CODES_TABLE}. Each command's --help lists the codes it uses.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         module = _load(name)
@@ -77,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args._run(args)
         sys.stdout.flush()  # a pipe is block-buffered: its broken end shows here, inside the try
+    except SystemExit as given_up:  # common._give_up: its one line is out; main() returns the code
+        if isinstance(given_up.code, int):
+            return given_up.code
+        raise
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -4,19 +4,18 @@ Every ``resolve`` adds one entry to the namespace's capped audit stream (``<name
 newest 10,000 entries or so are kept), so each operator on each machine sees the same trail.
 
 Exit codes: 0 shown (also when there is nothing yet); 2 bad arguments (a URL the store does not
-take); 5 Redis could not be reached or refused the command.
+take), or a Redis it cannot use (no answer, authentication failed, not allowed, a Cluster node behind
+a plain redis:// URL); 130 interrupted; 141 the reader of its output went away.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from ..core.errors import StoreError
 from ..operator import read_audit
-from ..redaction import redact
-from .common import EXIT_OK, EXIT_STORE_ERROR, add_target_arguments, open_store, positive_int
+from .common import EXIT_OK, add_target_arguments, open_store, positive_int, store_failed
 
 HELP = "show the operators' verdicts on this namespace's records (the audit stream), newest first"
 
@@ -27,7 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--limit", type=positive_int, default=20, metavar="N", help="entries to show (default 20)"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.epilog = "exit codes: 0 shown, 2 bad arguments, 5 Redis error"
+    parser.epilog = (
+        "exit codes: 0 shown, 2 bad arguments or a Redis it cannot use (no answer, authentication "
+        "failed, not allowed, a Cluster node behind a plain redis:// URL), 130 interrupted, 141 the "
+        "reader of its output went away"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,8 +38,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             entries = read_audit(store.client, store.namespace, limit=args.limit)
         except StoreError as exc:
-            print(f"error: {redact(str(exc))}", file=sys.stderr)
-            return EXIT_STORE_ERROR
+            return store_failed(exc, args)
     if args.json:
         for entry in entries:
             print(json.dumps(entry, sort_keys=True, ensure_ascii=False))

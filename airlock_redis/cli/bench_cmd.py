@@ -14,8 +14,15 @@ threads each for 6 seconds. ``--help`` shows every default. The progress bar and
 are drawn (with rich) only on a terminal: stderr to a file or a pipe gets no progress, and stdout to a
 file or a pipe gets the figures as plain ``name  value`` lines.
 
+The command line is checked before the run starts (exit 2): --duration and --calls must bound a
+run that ends (at most a day, at most 10^9 calls), --json and --plot must name files in folders that
+exist (--plot's with an image format's suffix). Ctrl-C stops the workers, removes the run's records
+(as the end of a run does) and the private server, and exits 130 with one line.
+
 Exit codes: 0 ok; 1 a duplicate execution, or errors during the run; 2 bad arguments, a URL the
-store does not take, or a Redis that does not answer; 141 the reader of its output went away.
+store does not take, or a Redis it cannot use (no answer, authentication failed, not allowed, a
+Cluster node behind a plain redis:// URL, no redis-server to start); 130 interrupted; 141 the reader
+of its output went away.
 """
 
 from __future__ import annotations
@@ -34,10 +41,10 @@ from ..redaction import redact
 from ..stores.url import CLUSTER_SCHEMES, parse_url
 from .common import (
     add_target_arguments,
+    bounded_int,
     check_given_url,
     embedded_or_given,
-    non_negative_int,
-    positive_int,
+    seconds_argument,
 )
 
 HELP = "load-test the guard against a Redis (embedded by default) and report throughput and latency"
@@ -49,6 +56,29 @@ DEFAULT_DURATION_S = 6.0
 DEFAULT_DUPLICATE_RATE = 0.1
 DEFAULT_VALUE_BYTES = 256
 DEFAULT_NAMESPACE = "airlock:bench"
+# bounds of the command line: a run that could not end, or would take the machine down, is refused
+MAX_PROCESSES = 256
+MAX_CONCURRENCY = 1024
+MAX_DURATION_S = 86_400.0  # a day
+MAX_CALLS = 1_000_000_000
+MAX_VALUE_BYTES = 64 << 20  # 64 MiB
+# what matplotlib writes (its default backends): --plot's file must end with one of these
+PLOT_FORMATS = (
+    "eps",
+    "jpeg",
+    "jpg",
+    "pdf",
+    "pgf",
+    "png",
+    "ps",
+    "raw",
+    "rgba",
+    "svg",
+    "svgz",
+    "tif",
+    "tiff",
+    "webp",
+)
 
 
 def default_processes() -> int:
@@ -67,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--processes",
-        type=positive_int,
+        type=bounded_int(1, MAX_PROCESSES),
         default=None,
         metavar="N",
         help=f"worker processes, spawned (default: {MAX_DEFAULT_PROCESSES}, or the CPU count if smaller; "
@@ -75,7 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--concurrency",
-        type=positive_int,
+        type=bounded_int(1, MAX_CONCURRENCY),
         default=DEFAULT_CONCURRENCY,
         metavar="N",
         help="concurrent calls (threads) per process (default: %(default)s)",
@@ -83,17 +113,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument(
         "--duration",
-        type=float,
+        type=seconds_argument(MAX_DURATION_S),
         default=None,
         metavar="SECONDS",
-        help=f"seconds to run (default: {DEFAULT_DURATION_S:g}, unless --calls is given)",
+        help=f"seconds to run, at most {MAX_DURATION_S:g} (default: {DEFAULT_DURATION_S:g}, unless --calls "
+        "is given)",
     )
     bound.add_argument(
         "--calls",
-        type=positive_int,
+        type=bounded_int(1, MAX_CALLS),
         default=None,
         metavar="N",
-        help="total guarded calls to make, instead of a duration (default: none, --duration bounds the run)",
+        help=f"total guarded calls to make, at most {MAX_CALLS:,}, instead of a duration (default: none, "
+        "--duration bounds the run)",
     )
     parser.add_argument(
         "--duplicate-rate",
@@ -104,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--value-bytes",
-        type=non_negative_int,
+        type=bounded_int(0, MAX_VALUE_BYTES),
         default=DEFAULT_VALUE_BYTES,
         metavar="N",
         help="size of the payload each tool returns (default: %(default)s)",
@@ -134,12 +166,51 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.epilog = (
         "exit codes: 0 ok, 1 a duplicate execution or errors during the run, 2 bad arguments, a URL "
-        "the store does not take or a Redis that does not answer, 141 the reader of its output went away"
+        "the store does not take or a Redis it cannot use (no answer, authentication failed, not "
+        "allowed, a Cluster node behind a plain redis:// URL, no redis-server to start), 130 "
+        "interrupted (Ctrl-C: the run's records are removed), 141 the reader of its output went away"
     )
+
+
+def _output_problem(option: str, path: str) -> str | None:
+    """What keeps the run from writing its --json or --plot file at the end, or None."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{option} {path}: is a folder"
+    folder = target.parent
+    if not folder.is_dir():
+        return f"{option} {path}: no folder {str(folder)!r}"
+    if not os.access(folder, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        return f"{option} {path}: not writable"
+    return None
+
+
+def _outputs_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the files the run writes at its end, checked before it starts."""
+    if args.plot:
+        suffix = Path(args.plot).suffix.lower().lstrip(".")
+        if suffix not in PLOT_FORMATS:
+            return f"--plot {args.plot}: the file name must end with an image format: .png, .svg, .pdf, ..."
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path:
+            problem = _output_problem(option, path)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _tell(text: str) -> None:
+    """Lines on stderr, with their newline in the same write: a Ctrl-C between two writes would leave
+    the last line without its end, and ``interrupted`` glued to it."""
+    sys.stderr.write(f"{text}\n")
+    sys.stderr.flush()
 
 
 def _checked_config(args: argparse.Namespace) -> BenchConfig | str:
     """The run's configuration from the command line, or what is wrong with it."""
+    problem = _outputs_problem(args)
+    if problem is not None:
+        return problem
     try:
         cluster = bool(args.url) and parse_url(args.url).kind == "cluster"
     except ValueError as exc:
@@ -147,7 +218,7 @@ def _checked_config(args: argparse.Namespace) -> BenchConfig | str:
     if args.cluster and not cluster:
         schemes = " or ".join(f"{scheme}://" for scheme in CLUSTER_SCHEMES)
         return f"--cluster, but the URL names no Cluster: the scheme decides (use {schemes}host:port,...)"
-    problem = check_given_url(args.url)
+    problem = check_given_url(args.url, namespace=args.namespace)
     if problem is not None:
         return problem
     duration = args.duration if args.duration is not None else DEFAULT_DURATION_S
@@ -183,16 +254,21 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"airlock-redis bench: {exc}", file=sys.stderr)
         return 2
+    if counts is not None and max(counts) > MAX_PROCESSES:
+        print(
+            f"airlock-redis bench: --sweep: at most {MAX_PROCESSES} processes, not {max(counts)}",
+            file=sys.stderr,
+        )
+        return 2
     if counts is not None:
         return _run_sweep(args, config, counts)
     with embedded_or_given(args.url) as target:
         config = BenchConfig(**{**config.__dict__, "url": target.url})
         bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
-        print(
+        _tell(
             f"Redis: {target.description}\n"
             f"{config.processes} processes x {config.concurrency} threads, {bound}, "
-            f"duplicate rate {config.duplicate_rate}, {config.value_bytes} B values",
-            file=sys.stderr,
+            f"duplicate rate {config.duplicate_rate}, {config.value_bytes} B values"
         )
         bar = None if args.quiet else progress_for(sys.stderr)
         try:
@@ -233,10 +309,9 @@ def _run_sweep(args: argparse.Namespace, config: BenchConfig, counts: list[int])
     with embedded_or_given(args.url) as target:
         config = BenchConfig(**{**config.__dict__, "url": target.url})
         bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
-        print(
+        _tell(
             f"Redis: {target.description}\nsweep over {', '.join(map(str, counts))} processes x "
-            f"{config.concurrency} threads, {bound} each, {config.value_bytes} B values",
-            file=sys.stderr,
+            f"{config.concurrency} threads, {bound} each, {config.value_bytes} B values"
         )
 
         def measured(point: SweepPoint) -> None:

@@ -17,9 +17,14 @@ that framework instead, in this one process: a scripted model (no network, no AP
 tool calls, and the integration (``EffectGuardMiddleware`` / ``guard_tools``) guards them. The
 framework is imported only then; without it the command says which extra to install (exit 2).
 
-Exit codes: 0 the story went as the spec says; 1 it did not; 2 a URL the store does not take, a
-Redis that does not answer, or a --framework that is not installed; 141 the reader of its output
-went away (the keys are removed first).
+Exit codes: 0 the story went as the spec says; 1 it did not; 2 bad arguments (a URL the store does
+not take, a --namespace it does not take, a --framework that is not installed) or a Redis it cannot
+use (no answer, authentication failed, not allowed, a Cluster node behind a plain redis:// URL, no
+redis-server to start); 130 interrupted (Ctrl-C; the keys are removed and the private server stopped
+first); 141 the reader of its output went away (the keys are removed first).
+
+The private redis-server runs in a session of its own, and the replica processes are started with
+SIGINT blocked: a terminal's Ctrl-C reaches this process alone, which then cleans up.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..core.errors import EffectRefused
 from ..core.reversibility import reversibility
+from ..loadgen.interrupts import sigint_deferred
 from ..stores.url import SyncClient, primary_clients, sync_client
 from .common import add_target_arguments, check_given_url, embedded_or_given
 
@@ -62,9 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "key), guarded by its integration; needs the framework's extra",
     )
     parser.epilog = (
-        "exit codes: 0 the story went as the spec says, 1 it did not, 2 a bad command line, a URL the "
-        "store does not take, a Redis that does not answer or a --framework that is not installed, 141 "
-        "the reader of its output went away (| head). Every key it writes expires within "
+        "exit codes: 0 the story went as the spec says, 1 it did not, 2 a bad command line (a URL or "
+        "--namespace the store does not take, a --framework that is not installed) or a Redis it "
+        "cannot use (no answer, authentication failed, not allowed, a Cluster node behind a plain "
+        "redis:// URL, no redis-server to start), 130 interrupted (Ctrl-C), 141 the reader of its "
+        "output went away (| head). Every key it writes expires within "
         f"{DEMO_TTL:g} s, and it removes them when it ends."
     )
 
@@ -193,7 +201,10 @@ def _clean(url: str, namespace: str, tools: Sequence[str] = TOOLS) -> dict[str, 
 
 
 def _say(text: str = "") -> None:
-    print(text, flush=True)  # one line at a time, also into a pipe
+    """One line at a time, also into a pipe; line and newline in one write, so that a Ctrl-C between
+    two writes cannot leave a line without its end (and ``interrupted`` glued to it)."""
+    sys.stdout.write(f"{text}\n")
+    sys.stdout.flush()
 
 
 def _print_table(rows: list[list[str]]) -> None:
@@ -209,12 +220,18 @@ def _tell(url: str, namespace: str) -> tuple[list[list[str]], int]:
     """Run the scenario on two replica processes, telling each step: the table's rows, and how many
     steps went other than the spec says."""
     context = multiprocessing.get_context("spawn")
-    replicas = {name: ProcessPoolExecutor(max_workers=1, mp_context=context) for name in ("A", "B")}
+    replicas: dict[str, ProcessPoolExecutor] = {}
     rows: list[list[str]] = []
     failures = 0
     try:
+        with sigint_deferred():  # the pools' queues and semaphores: Ctrl-C waits until they are made
+            replicas.update(
+                (name, ProcessPoolExecutor(max_workers=1, mp_context=context)) for name in ("A", "B")
+            )
         for number, step in enumerate(_scenario(), start=1):
-            outcome = replicas[step.replica].submit(_replica_step, url, namespace, step).result()
+            with sigint_deferred():  # a replica process starts here: it never sees SIGINT
+                future = replicas[step.replica].submit(_replica_step, url, namespace, step)
+            outcome = future.result()
             ok = outcome["result"] == step.expect
             failures += not ok
             call = f"{step.tool}({', '.join(f'{k}={v!r}' for k, v in step.kwargs.items())})"
@@ -233,9 +250,9 @@ def _tell(url: str, namespace: str) -> tuple[list[list[str]], int]:
             _say(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
             if outcome["result"].startswith("refused"):
                 _say(f"   hint: {outcome['value']}")
-    finally:
+    finally:  # on Ctrl-C too: a replica finishes its step (it never sees SIGINT), then the keys go
         for pool in replicas.values():
-            pool.shutdown()
+            pool.shutdown(cancel_futures=True)
     return rows, failures
 
 
@@ -244,11 +261,11 @@ def run(args: argparse.Namespace) -> int:
         from .demo_frameworks import run_framework  # the frameworks are imported only when asked for
 
         return run_framework(args)
-    problem = check_given_url(args.url)
+    namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
+    problem = check_given_url(args.url, namespace=namespace)
     if problem is not None:
         print(f"airlock-redis demo: {problem}", file=sys.stderr)
         return 2
-    namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
     with embedded_or_given(args.url) as target:
         try:
             _say(f"Redis: {target.description}")

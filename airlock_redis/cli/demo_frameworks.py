@@ -305,11 +305,11 @@ def run_framework(args: argparse.Namespace) -> int:
     from ..guard import EffectGuard
     from ..stores.redis_store import RedisEffectStore
 
-    problem = framework_problem(args.framework) or check_given_url(args.url)
+    namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
+    problem = framework_problem(args.framework) or check_given_url(args.url, namespace=namespace)
     if problem is not None:
         print(f"airlock-redis demo: {problem}", file=sys.stderr)
         return 2
-    namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
     failures = 0
     with embedded_or_given(args.url) as target:
         try:

@@ -48,7 +48,14 @@ from ..stores.keys import DEFAULT_NAMESPACE, acl_key_pattern, check_namespace, r
 from ..stores.scripts import SCRIPT_NAMES, script_source
 from ..stores.server_facts import evicts_records, parse_version
 from ..stores.url import CONNECT_ERRORS, RedisURL, SyncClient, parse_url, sync_client
-from .common import non_negative_int, operator_url
+from .common import (
+    classify_redis_error,
+    namespace_argument,
+    non_negative_int,
+    operator_url,
+    seconds_argument,
+    shown_url,
+)
 
 HELP = "check that a Redis deployment is fit to hold effect records (exit 0 ok, 1 warnings, 2 unsafe)"
 
@@ -59,6 +66,7 @@ LAG_SECONDS = 5
 CLOCK_SKEW_S = 1.0
 MEMORY_HIGH = 0.9
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+MAX_TIMEOUT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -82,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--namespace",
-        type=_namespace,
+        type=namespace_argument,
         default=DEFAULT_NAMESPACE,
         help="the records' key prefix, whose keys the user must be allowed (default: %(default)s)",
     )
@@ -94,18 +102,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the store's wait_replicas: check that the user may also run WAIT (and WAITAOF)",
     )
     parser.add_argument("--json", action="store_true", help="print the checks as JSON")
-    parser.add_argument("--timeout", type=float, default=5.0, help="socket timeout in seconds (default 5)")
-    parser.epilog = (
-        "exit codes: 0 healthy, 1 warnings, 2 unsafe (also: Redis unreachable, a URL no store takes, "
-        "or a bad command line)"
+    parser.add_argument(
+        "--timeout",
+        type=seconds_argument(MAX_TIMEOUT_S),
+        default=5.0,
+        metavar="SECONDS",
+        help=f"socket timeout in seconds, more than 0 and at most {MAX_TIMEOUT_S:g} (default 5)",
     )
-
-
-def _namespace(text: str) -> str:
-    try:
-        return check_namespace(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    parser.epilog = (
+        "exit codes: 0 healthy, 1 warnings, 2 unsafe (also: Redis unreachable, authentication failed, "
+        "a URL no store takes, or a bad command line), 130 interrupted, 141 the reader of its output "
+        "went away"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,7 +175,12 @@ def diagnose(
                 " A Redis Cluster's user also needs +cluster|slots and +command (redis-py's cluster "
                 "client sends both when it connects) and +asking (docs/security.md)."
             )
-        return [Check("reachability", "unsafe", f"no answer from Redis: {type(exc).__name__}: {exc}", detail)]
+        kind, line = classify_redis_error(exc, parsed)
+        if kind == "unreachable":
+            line = f"no answer from Redis: {line}"
+        else:
+            detail = "The guard refuses every call (store_unavailable) while Redis refuses its user."
+        return [Check("reachability", "unsafe", line, detail)]
     try:
         primaries = [n for n in nodes if n.primary]
         steps: list[tuple[str, Callable[[], Check]]] = [
@@ -407,6 +420,17 @@ def _permissions(
     )
     status: Status = "warn" if unprobed or wide or "asking" in found.refused else "ok"
     return Check("permissions", status, summary, "; ".join(notes))
+
+
+def permission_problem(client: SyncClient, parsed: RedisURL, namespace: str) -> str | None:
+    """None if the Redis user may run what the store needs on the keys of ``namespace`` (the permissions
+    check's probes, which write nothing), else one line that says what is refused (for demo and bench,
+    before they start)."""
+    primaries = [n for n in _nodes(client) if n.primary]
+    check = _permissions(client, primaries, parsed, namespace, 0)
+    if check.status != "unsafe":
+        return None
+    return f"not allowed at {shown_url(parsed)}: {check.summary}"
 
 
 def _refusals(found: _Replies, must: tuple[str, ...], parsed: RedisURL, namespace: str) -> Check:

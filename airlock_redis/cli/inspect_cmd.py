@@ -1,7 +1,8 @@
 """``airlock-redis inspect <tool_call_id>``: one record, as an operator needs to see it.
 
 Exit codes: 0 shown; 1 no such record; 2 bad arguments (an empty or blank tool_call_id, a URL the
-store does not take); 5 Redis could not be reached or refused the command.
+store does not take), or a Redis it cannot use (no answer, authentication failed, not allowed, a
+Cluster node behind a plain redis:// URL); 130 interrupted; 141 the reader of its output went away.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from ..redaction import redact
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
-    EXIT_STORE_ERROR,
     add_target_arguments,
     non_negative_int,
     open_store,
+    store_failed,
     tool_call_id_argument,
 )
 
@@ -39,7 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="shorten the value preview to N characters (default 200)",
     )
-    parser.epilog = "exit codes: 0 shown, 1 no such record, 2 bad arguments, 5 Redis error"
+    parser.epilog = (
+        "exit codes: 0 shown, 1 no such record, 2 bad arguments or a Redis it cannot use (no answer, "
+        "authentication failed, not allowed, a Cluster node behind a plain redis:// URL), 130 "
+        "interrupted, 141 the reader of its output went away"
+    )
 
 
 def render(view: RecordView, preview_chars: int) -> str:
@@ -73,8 +78,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             view = read_record(store.client, store.namespace, args.tool_call_id)
         except StoreError as exc:
-            print(f"error: {redact(str(exc))}", file=sys.stderr)
-            return EXIT_STORE_ERROR
+            return store_failed(exc, args)
     if view is None:
         print(
             f"no record for tool_call_id {args.tool_call_id!r} in namespace {args.namespace!r}",

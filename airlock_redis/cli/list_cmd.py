@@ -5,8 +5,9 @@ On a Redis Cluster every primary is scanned. At most ``--limit`` records are pri
 cursor to pass as ``--cursor`` for the next page.
 
 Exit codes: 0 listed (possibly nothing); 2 bad arguments (an --older-than without a unit, a --cursor
-that no list printed, a URL the store does not take); 5 Redis could not be reached or refused the
-command.
+that no list printed, a URL the store does not take), or a Redis it cannot use (no answer,
+authentication failed, not allowed, a Cluster node behind a plain redis:// URL); 130 interrupted; 141
+the reader of its output went away.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from ..core.errors import StoreError
 from ..operator import ListFilter, format_duration, list_records, parse_duration
 from ..redaction import redact
-from .common import EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, add_target_arguments, open_store, positive_int
+from .common import EXIT_OK, EXIT_USAGE, add_target_arguments, open_store, positive_int, store_failed
 
 _CURSOR = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 HELP = "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than"
@@ -63,7 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="examine at most about N keys per run (default 100000)",
     )
     parser.add_argument("--json", action="store_true", help="print JSON (records, scanned, next_cursor)")
-    parser.epilog = "exit codes: 0 listed, 2 bad arguments, 5 Redis error"
+    parser.epilog = (
+        "exit codes: 0 listed, 2 bad arguments or a Redis it cannot use (no answer, authentication "
+        "failed, not allowed, a Cluster node behind a plain redis:// URL), 130 interrupted, 141 the "
+        "reader of its output went away"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +85,7 @@ def run(args: argparse.Namespace) -> int:
                 cursor=args.cursor,
             )
         except StoreError as exc:
-            print(f"error: {redact(str(exc))}", file=sys.stderr)
-            return EXIT_STORE_ERROR
+            return store_failed(exc, args)
         except ValueError as exc:  # the arguments: a cursor no list printed
             print(f"error: {redact(str(exc))} (see airlock-redis list --help)", file=sys.stderr)
             return EXIT_USAGE

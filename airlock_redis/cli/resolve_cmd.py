@@ -6,23 +6,33 @@ atomically, and only if it is still the record shown: the same idempotency key (
 status and owner (the attempt that holds it). A record that moved on while the operator read it (the
 tool committed, a retry took it over) is left alone; ``--force`` applies the verdict to whatever is
 there. Each verdict is audited as one JSON entry: in the namespace's capped Redis stream (``airlock-redis
-audit`` shows it), on stderr, and in a JSON-lines file when ``--audit-log`` or
-``$AIRLOCK_REDIS_AUDIT_LOG`` names one.
+audit`` shows it), and in a JSON-lines file when ``--audit-log`` or ``$AIRLOCK_REDIS_AUDIT_LOG`` names
+one; on stderr only when the stream refused it. A verdict that went through is one line on stdout
+and nothing on stderr.
+
+``--release`` of a **committed** record (the tool ran and took effect) lets the call run again, and
+the effect happen twice: it is refused (exit 2) unless ``--force-release-committed`` is given, and
+the confirmation question then says that the call took effect.
 
 Exit codes: 0 resolved; 1 no such record; 2 bad arguments (an empty or blank tool_call_id, a --value
-that is not JSON, a URL the store does not take, ...); 3 refused, the record's idempotency key
-is not --expect-key; 4 not confirmed; 5 Redis error; 6 the audit file cannot be written (nothing
-done), or the audit stream refused the entry (the verdict was applied; the entry is on stderr);
-7 refused, the record changed after it was shown (nothing done).
+that is not JSON, a URL the store does not take, --release of a committed record without
+--force-release-committed, ...) or a Redis it cannot use (no answer, authentication failed, not
+allowed, a Cluster node behind a plain redis:// URL); 3 refused, the record's idempotency key is not
+--expect-key; 4 not confirmed; 6 the audit file cannot be written (nothing done), or the audit stream
+refused the entry (the verdict was applied; the entry is on stderr); 7 refused, the record changed
+after it was shown (nothing done); 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ..core.codec import encode_result
@@ -48,11 +58,11 @@ from .common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_REFUSED,
-    EXIT_STORE_ERROR,
     EXIT_USAGE,
     add_target_arguments,
     open_store,
     operator_url,
+    store_failed,
     tool_call_id_argument,
 )
 from .inspect_cmd import render
@@ -93,6 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--expect-key", help="refuse unless the record's idempotency key is this one")
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     parser.add_argument(
+        "--force-release-committed",
+        action="store_true",
+        help="with --release: release a committed record, whose call took effect, so that the call may "
+        "run (and take effect) again; refused without this flag",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="apply the verdict even if the record changed after it was shown (its status or owner)",
@@ -110,9 +126,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.epilog = (
-        "exit codes: 0 resolved, 1 no such record, 2 bad arguments, 3 idempotency key differs from "
-        "--expect-key, 4 not confirmed, 5 Redis error, 6 audit not written, 7 the record changed "
-        "after it was shown"
+        "exit codes: 0 resolved, 1 no such record, 2 bad arguments (also --release of a committed "
+        "record without --force-release-committed) or a Redis it cannot use (no answer, "
+        "authentication failed, not allowed, a Cluster node behind a plain redis:// URL), 3 "
+        "idempotency key differs from --expect-key, 4 not confirmed, 6 audit not written, 7 the "
+        "record changed after it was shown, 130 interrupted"
     )  # fmt: skip
 
 
@@ -162,7 +180,29 @@ def _inputs(args: argparse.Namespace) -> tuple[Any, str | None] | int:
     return value, signing_key
 
 
+@contextlib.contextmanager
+def _library_log_quiet() -> Iterator[None]:
+    """The guard logs each resolution as a warning; the CLI has its own line for it (and the audit
+    entry). Without a handler of the user's, Python would print the warning on stderr."""
+    library = logging.getLogger("airlock_redis")
+    quiet = logging.NullHandler()
+    library.addHandler(quiet)
+    try:
+        yield
+    finally:
+        library.removeHandler(quiet)
+
+
+def _committed_release(args: argparse.Namespace, view: RecordView) -> bool:
+    return args.verdict == "release" and view.status == Status.COMMITTED.value
+
+
 def run(args: argparse.Namespace) -> int:
+    with _library_log_quiet():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     inputs = _inputs(args)
     if isinstance(inputs, int):
         return inputs
@@ -171,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             view = read_record(store.client, store.namespace, args.tool_call_id)
         except StoreError as exc:
-            return _fail(EXIT_STORE_ERROR, str(exc))
+            return store_failed(exc, args)
         if view is None:
             return _fail(
                 EXIT_NOT_FOUND, f"no record for tool_call_id {args.tool_call_id!r} in {args.namespace!r}"
@@ -182,50 +222,28 @@ def run(args: argparse.Namespace) -> int:
                 f"refused: the record's idempotency key is {view.idempotency_key}, not --expect-key "
                 f"{args.expect_key}; nothing was changed",
             )
-        print(render(view, 200), file=sys.stderr)
-        if args.verdict == "committed" and value is _NO_VALUE:
-            print(
-                "note: no --value: replays of this call will be refused (result_not_stored)", file=sys.stderr
+        if _committed_release(args, view) and not args.force_release_committed:
+            return _fail(
+                EXIT_USAGE,
+                f"refused: {args.tool_call_id!r} is committed: the call took effect, and releasing it lets "
+                "the tool run (and take effect) again; pass --force-release-committed to release it anyway",
             )
         if not args.yes:
-            answer = _confirm(f"resolve {args.tool_call_id!r} as {args.verdict}? [y/N] ")
-            if answer is None:
-                return _fail(
-                    EXIT_NOT_CONFIRMED,
-                    "not confirmed: no answer on stdin (not interactive); "
-                    "pass --yes to resolve without asking",
-                )
-            if not answer:
-                return _fail(EXIT_NOT_CONFIRMED, "not confirmed: nothing was changed")
+            declined = _ask(args, view, value)
+            if declined is not None:
+                return declined
         try:
-            audit = AuditLog(audit_log_path(args.audit_log), client=store.client, namespace=store.namespace)
+            echo = io.StringIO()  # the entry goes on stderr only if the stream refuses it
+            audit = AuditLog(
+                audit_log_path(args.audit_log), client=store.client, namespace=store.namespace, echo=echo
+            )
         except OSError as exc:
             return _fail(EXIT_AUDIT_FAILED, f"cannot write the audit log, so nothing was done: {exc}")
         with audit:
             guard = EffectGuard(store, signing_key=signing_key)
             expect = view.idempotency_key if view.idempotency_key else args.expect_key
             fence = shown_fence(view, expect)
-            entry: dict[str, Any] = {
-                "action": "resolve",
-                "tool_call_id": args.tool_call_id,
-                "verdict": args.verdict,
-                "namespace": store.namespace,
-                "url": redact(operator_url(args)),
-                "expect_key": expect,
-                "before": {
-                    "status": view.status,
-                    "tool": view.tool,
-                    "idempotency_key": view.idempotency_key,
-                    "attempt": view.attempt,
-                    "owner": view.owner,
-                    "problems": list(view.problems),
-                },
-                "force": bool(args.force),
-                "value_sha256": digest(json.dumps(value, sort_keys=True).encode())
-                if value is not _NO_VALUE
-                else None,
-                "signed": bool(signing_key) and value is not _NO_VALUE,
-            }
+            entry = _audit_entry(args, store.namespace, view, expect, value, signed=bool(signing_key))
             try:
                 target: dict[str, Any] = (
                     {"force": True, "expect_key": expect} if args.force else {"seen": fence}
@@ -236,10 +254,11 @@ def run(args: argparse.Namespace) -> int:
             except StoreError as exc:
                 with contextlib.suppress(AuditWriteError):
                     audit.write({**entry, "result": "error", "error": str(exc)})
-                return _fail(EXIT_STORE_ERROR, str(exc))
+                return store_failed(exc, args)
             try:
                 audit.write({**entry, "result": result.value})
             except AuditWriteError as exc:
+                print(echo.getvalue(), end="", file=sys.stderr)
                 return _fail(
                     EXIT_AUDIT_FAILED,
                     f"the verdict was applied ({result.value}), but its audit entry could not be added "
@@ -250,7 +269,10 @@ def run(args: argparse.Namespace) -> int:
             json.dumps({"tool_call_id": args.tool_call_id, "verdict": args.verdict, "result": result.value})
         )
     else:
-        print(f"{args.tool_call_id!r}: {args.verdict} -> {result.value}")
+        note = ""
+        if result is TransitionResult.OK and args.verdict == "committed" and value is _NO_VALUE:
+            note = " (no --value: replays of this call are refused as result_not_stored)"
+        print(f"{args.tool_call_id!r}: {args.verdict} -> {result.value}{note}")
     if result is TransitionResult.OK:
         return EXIT_OK
     if result is TransitionResult.MISSING:
@@ -264,6 +286,64 @@ def run(args: argparse.Namespace) -> int:
             "operator took it); nothing was changed. Inspect it again, or pass --force",
         )
     return _fail(EXIT_REFUSED, "refused: the record was replaced by another call since it was shown")
+
+
+def _ask(args: argparse.Namespace, view: RecordView, value: Any) -> int | None:
+    """Show the record and ask the operator: None when they said yes, else the exit code."""
+    print(render(view, 200), file=sys.stderr)
+    if args.verdict == "committed" and value is _NO_VALUE:
+        print(
+            "note: no --value: replays of this call will be refused (result_not_stored)",
+            file=sys.stderr,
+        )
+    question = f"resolve {args.tool_call_id!r} as {args.verdict}?"
+    if _committed_release(args, view):
+        question = (
+            f"release {args.tool_call_id!r}? It is COMMITTED: the call took effect, and releasing "
+            "it lets the tool run (and take effect) again."
+        )
+    answer = _confirm(f"{question} [y/N] ")
+    if answer is None:
+        return _fail(
+            EXIT_NOT_CONFIRMED,
+            "not confirmed: no answer on stdin (not interactive); pass --yes to resolve without asking",
+        )
+    if not answer:
+        return _fail(EXIT_NOT_CONFIRMED, "not confirmed: nothing was changed")
+    return None
+
+
+def _audit_entry(
+    args: argparse.Namespace,
+    namespace: str,
+    view: RecordView,
+    expect: str | None,
+    value: Any,
+    *,
+    signed: bool,
+) -> dict[str, Any]:
+    """The audit entry of a verdict, before its result is known."""
+    return {
+        "action": "resolve",
+        "tool_call_id": args.tool_call_id,
+        "verdict": args.verdict,
+        "namespace": namespace,
+        "url": redact(operator_url(args)),
+        "expect_key": expect,
+        "before": {
+            "status": view.status,
+            "tool": view.tool,
+            "idempotency_key": view.idempotency_key,
+            "attempt": view.attempt,
+            "owner": view.owner,
+            "problems": list(view.problems),
+        },
+        "force": bool(args.force),
+        "value_sha256": digest(json.dumps(value, sort_keys=True).encode())
+        if value is not _NO_VALUE
+        else None,
+        "signed": signed and value is not _NO_VALUE,
+    }
 
 
 def shown_fence(view: RecordView, expect_key: str | None) -> Fence:

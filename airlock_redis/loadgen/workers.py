@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..redaction import redact
 from ..stores.url import CONNECT_ERRORS, parse_url, primary_clients, slot_primaries, sync_client
+from .interrupts import sigint_deferred
 from .server_cpu import ServerCpu, per_call, snapshot
 from .stats import TIMELINE_STEP, BenchSummary, PrimaryLoad, WorkerReport
 
@@ -136,6 +137,8 @@ def _worker(  # noqa: PLR0915  (one process's whole life, read top to bottom)
     barrier: Any,
     progress: Any,
     results: Any,
+    *,
+    stop: Any = None,
 ) -> None:
     """One load process: C threads making guarded calls; puts one merged WorkerReport on ``results``."""
     report = WorkerReport()
@@ -180,6 +183,8 @@ def _worker(  # noqa: PLR0915  (one process's whole life, read top to bottom)
                 if quota is not None and mine.calls >= quota:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if stop is not None and stop.is_set():  # the run was interrupted (Ctrl-C)
                     break
                 owner = process
                 if issued[0] > 0 and rng.random() < config.duplicate_rate:
@@ -313,6 +318,35 @@ def _measure(config: BenchConfig, merged: WorkerReport) -> tuple[float | None, i
     return mean, sampled_total, records_total, (loads if merged.slots else [])
 
 
+def _interrupted(config: BenchConfig, processes: list[Any], barrier: Any, stop: Any, results: Any) -> None:
+    """Ctrl-C: stop the workers (their calls in flight finish), then remove every record of the run,
+    as the end of a run does: none is left to wait for its TTL."""
+    if stop is not None:
+        stop.set()
+    with contextlib.suppress(Exception):
+        barrier.abort()  # workers still waiting at the barrier go on to their (empty) report
+    deadline = time.monotonic() + 30
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+        with contextlib.suppress(Exception):  # drain: a worker exits once its report is read
+            results.get(timeout=0.1)
+    for proc in processes:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join(timeout=5)
+    remove_run(config)
+
+
+def remove_run(config: BenchConfig) -> None:
+    """Unlink every record of this run on every primary (a run's keys live in many slots)."""
+    client = sync_client(config.url, socket_timeout=30.0, socket_connect_timeout=10.0)
+    try:
+        pattern = run_pattern(config)
+        for _, node in primary_clients(client):
+            _clean(node, pattern)
+    finally:
+        client.close()
+
+
 def run_bench(  # noqa: PLR0915
     config: BenchConfig,
     target: str,
@@ -322,18 +356,29 @@ def run_bench(  # noqa: PLR0915
     if not config.run_id:
         config = BenchConfig(**{**asdict(config), "run_id": secrets.token_hex(4)})
     context = multiprocessing.get_context("spawn")
-    barrier = context.Barrier(config.processes + 1)
-    progress = context.Value("q", 0)
-    results = context.Queue()
-    processes = [
-        context.Process(target=_worker, args=(config, p, barrier, progress, results), daemon=True)
-        for p in range(config.processes)
-    ]
-    for proc in processes:
-        proc.start()
     reports: list[WorkerReport] = []
-    cpu_before = _server_cpu(config)  # the workers wait at the barrier: none of their calls is counted
+    processes: list[Any] = []
+    barrier: Any = None
+    results: Any = None
+    stop: Any = None
     try:
+        with sigint_deferred():  # the workers never see SIGINT: a Ctrl-C is this process's to handle
+            barrier = context.Barrier(config.processes + 1)
+            progress = context.Value("q", 0)
+            results = context.Queue()
+            stop = context.Event()
+            processes = [
+                context.Process(
+                    target=_worker,
+                    args=(config, p, barrier, progress, results),
+                    kwargs={"stop": stop},
+                    daemon=True,
+                )
+                for p in range(config.processes)
+            ]
+            for proc in processes:
+                proc.start()
+        cpu_before = _server_cpu(config)  # the workers wait at the barrier: none of their calls counted
         with contextlib.suppress(Exception):  # a worker failed to start: its report says why
             barrier.wait(timeout=120)
         started = time.monotonic()
@@ -353,9 +398,13 @@ def run_bench(  # noqa: PLR0915
                     fraction = elapsed / config.duration
                 on_progress(fraction, f"{done} calls  {elapsed:.1f} s")
         elapsed = time.monotonic() - started
+    except KeyboardInterrupt:
+        _interrupted(config, processes, barrier, stop, results)
+        raise
     finally:
         for proc in processes:
-            proc.join(timeout=10)
+            if proc.is_alive():  # already stopped if the run was interrupted
+                proc.join(timeout=10)
             if proc.is_alive():
                 proc.terminate()
                 proc.join(timeout=5)
