@@ -24,7 +24,11 @@ EXPECTED_ROWS = [
 ]
 
 
-def run_demo(*extra: str) -> str:
+def run_demo(*extra: str, url_env: str | None = None) -> str:
+    env = child_env()
+    env.pop("AIRLOCK_REDIS_URL", None)
+    if url_env is not None:
+        env["AIRLOCK_REDIS_URL"] = url_env
     done = subprocess.run(
         [sys.executable, "-m", "airlock_redis", "demo", *extra],
         capture_output=True,
@@ -32,7 +36,7 @@ def run_demo(*extra: str) -> str:
         timeout=TIMEOUT,
         check=False,
         cwd=PROJECT_ROOT,
-        env=child_env(),
+        env=env,
     )
     assert done.returncode == 0, f"demo exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
@@ -62,3 +66,13 @@ def test_demo_with_url_on_a_given_server(redis_server: EmbeddedRedis, namespace:
     assert_story(output)
     with redis_server.client() as client:
         assert list(client.scan_iter(match=f"{namespace}*")) == []  # the demo cleaned up after itself
+
+
+def test_demo_uses_the_url_in_the_environment_as_every_command_does(
+    redis_server: EmbeddedRedis, namespace: str
+) -> None:
+    """$AIRLOCK_REDIS_URL, when set and no --url is given, is the Redis the demo uses (a private
+    server is started only when neither is given)."""
+    output = run_demo("--namespace", namespace, url_env=redis_server.url)
+    assert f"Redis: {redis_server.url}" in output and "a private redis-server" not in output
+    assert_story(output)

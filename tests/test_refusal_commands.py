@@ -41,6 +41,7 @@ def test_the_printed_resolve_command_acts_on_the_guards_records(
     refusal = _refusal(store, "call 1")
     assert refusal.reason == "effect_status_unknown"
     hint = refusal.fix_hint
+    assert " | " not in hint  # each verdict its own command: nothing pastes as a shell pipe
     command = hint[hint.index("airlock-redis resolve") :].rstrip(".")
     argv = shlex.split(command.replace("--committed | --release", "--release"))
     assert argv[:3] == ["airlock-redis", "resolve", "call 1"]

@@ -26,17 +26,25 @@ URL_ENV = "AIRLOCK_REDIS_URL"
 DEFAULT_URL = "redis://localhost:6379/0"
 
 
-def add_target_arguments(parser: argparse.ArgumentParser, *, embedded_default: bool) -> None:
+def add_target_arguments(
+    parser: argparse.ArgumentParser, *, embedded_default: bool, namespace_help: str | None = None
+) -> None:
+    """--url and --namespace. Every command reads $AIRLOCK_REDIS_URL when --url is not given; where
+    neither is given, demo and bench start a private redis-server, the others use localhost."""
     if embedded_default:
-        help_text = "Redis to use (default: a private redis-server started for this command)"
+        help_text = (
+            f"Redis to use (default: ${URL_ENV}, else a private redis-server started for this command)"
+        )
+        default = os.environ.get(URL_ENV) or None
     else:
         help_text = f"Redis to use (default: ${URL_ENV}, else {DEFAULT_URL})"
-    parser.add_argument("--url", default=None, help=help_text)
+        default = None
+    parser.add_argument("--url", default=default, help=help_text)
     parser.add_argument(
         "--namespace",
         type=namespace_argument,
         default=DEFAULT_NAMESPACE,
-        help="key prefix of the records (default: %(default)s)",
+        help=namespace_help or "key prefix of the records (default: %(default)s)",
     )
 
 

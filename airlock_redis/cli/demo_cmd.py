@@ -59,7 +59,12 @@ FRAMEWORKS: dict[str, tuple[str, str, str]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_target_arguments(parser, embedded_default=True)
+    add_target_arguments(
+        parser,
+        embedded_default=True,
+        namespace_help="the demo writes its records under <namespace>:demo:<random hex>, and removes "
+        "them when it ends (default namespace: %(default)s)",
+    )
     parser.add_argument(
         "--framework",
         choices=sorted(FRAMEWORKS),

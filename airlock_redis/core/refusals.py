@@ -32,7 +32,9 @@ def resolve_command(tool_call_id: str, verdicts: str, target: str | None) -> str
 def _ask_backend(tool_call_id: str, key: str, target: str | None) -> str:
     return (
         f"Do not retry. Ask the backend whether the operation with idempotency key {key} took place, "
-        f"then record the answer: {resolve_command(tool_call_id, '--committed | --release', target)}."
+        "then record the answer (a command for each, so that none pastes as a shell pipe): if it took "
+        f"place, the command below with --committed in place of --release; if it did not: "
+        f"{resolve_command(tool_call_id, '--release', target)}."
     )
 
 
