@@ -57,12 +57,13 @@ def test_demo_on_its_own_redis_server() -> None:
     require_redis_server()
     output = run_demo()
     assert "a private redis-server" in output
+    assert "the URL above, are gone once it ends" in output  # its hint's socket does not outlive it
     assert_story(output)
 
 
 def test_demo_with_url_on_a_given_server(redis_server: EmbeddedRedis, namespace: str) -> None:
     output = run_demo("--url", redis_server.url, "--namespace", namespace)
-    assert f"Redis: {redis_server.url}" in output
+    assert f"Redis: {redis_server.url}" in output and "gone once it ends" not in output
     assert_story(output)
     with redis_server.client() as client:
         assert list(client.scan_iter(match=f"{namespace}*")) == []  # the demo cleaned up after itself

@@ -221,7 +221,7 @@ def _print_table(rows: list[list[str]]) -> None:
         _say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
-def _tell(url: str, namespace: str) -> tuple[list[list[str]], int]:
+def _tell(url: str, namespace: str, *, private: bool = False) -> tuple[list[list[str]], int]:
     """Run the scenario on two replica processes, telling each step: the table's rows, and how many
     steps went other than the spec says."""
     context = multiprocessing.get_context("spawn")
@@ -255,6 +255,8 @@ def _tell(url: str, namespace: str) -> tuple[list[list[str]], int]:
             _say(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
             if outcome["result"].startswith("refused"):
                 _say(f"   hint: {outcome['value']}")
+                if private:
+                    _say("   (this demo's private redis-server, and the URL above, are gone once it ends)")
     finally:  # on Ctrl-C too: a replica finishes its step (it never sees SIGINT), then the keys go
         for pool in replicas.values():
             pool.shutdown(cancel_futures=True)
@@ -275,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             _say(f"Redis: {target.description}")
             _say("Two replicas of an agent host (separate processes) share only this Redis.\n")
-            rows, failures = _tell(target.url, namespace)
+            rows, failures = _tell(target.url, namespace, private=not args.url)
             _say()
             _print_table(rows)
         finally:  # also when the run ends early: its keys go now, not when their TTL runs out
