@@ -43,7 +43,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from ..redaction import redact
-from ..stores.acl import DURABILITY_COMMANDS, OPTIONAL_COMMANDS, required_commands
+from ..stores.acl import CLUSTER_COMMANDS, DURABILITY_COMMANDS, OPTIONAL_COMMANDS, required_commands
 from ..stores.keys import DEFAULT_NAMESPACE, acl_key_pattern, check_namespace, record_key
 from ..stores.scripts import SCRIPT_NAMES, script_source
 from ..stores.server_facts import evicts_records, parse_version
@@ -287,7 +287,7 @@ _PROBES: dict[str, Callable[[bytes], tuple[Any, ...]]] = {
 # On a Redis Cluster: ASKING precedes a command on a slot being moved to another node (redis-py, and
 # the store with wait_replicas). CLUSTER SLOTS and COMMAND are not probed: without them the cluster
 # client does not connect, and the reachability check says so.
-_CLUSTER_COMMANDS = ("asking",)
+_CLUSTER_COMMANDS = tuple(command for command in CLUSTER_COMMANDS if command in _PROBES)
 
 
 def _probe_keys(client: SyncClient, primaries: list[_Node], namespace: str) -> dict[str, bytes]:

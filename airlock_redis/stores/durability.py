@@ -76,23 +76,22 @@ class Acks:
 _SECTIONS = ("server", "memory", "persistence")
 
 
+def on_primaries(client: SyncClient | AsyncClient) -> dict[str, Any]:
+    """``target_nodes`` for a server command that must reach every primary of a Cluster."""
+    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
+        return {"target_nodes": client.PRIMARIES}
+    return {}
+
+
 def read_facts(client: SyncClient) -> ServerFacts:
     cluster = isinstance(client, RedisCluster)
-    replies = []
-    for section in _SECTIONS:
-        target = {"target_nodes": RedisCluster.PRIMARIES} if cluster else {}
-        reply = client.info(section, **target)
-        replies.append(per_node(reply, cluster))
+    replies = [per_node(client.info(section, **on_primaries(client)), cluster) for section in _SECTIONS]
     return facts_from_info(merge_info(*replies))
 
 
 async def aread_facts(client: AsyncClient) -> ServerFacts:
     cluster = isinstance(client, AsyncRedisCluster)
-    replies = []
-    for section in _SECTIONS:
-        target = {"target_nodes": AsyncRedisCluster.PRIMARIES} if cluster else {}
-        reply = await client.info(section, **target)
-        replies.append(per_node(reply, cluster))
+    replies = [per_node(await client.info(section, **on_primaries(client)), cluster) for section in _SECTIONS]
     return facts_from_info(merge_info(*replies))
 
 

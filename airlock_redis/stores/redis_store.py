@@ -27,7 +27,6 @@ from typing import Any, TypeVar, cast
 
 import redis
 import redis.asyncio as aredis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
@@ -44,7 +43,7 @@ from ..core.records import (
 )
 from ..redaction import redact, without_password
 from .base import check_verdict
-from .durability import ReplicaWait, aread_facts, read_facts
+from .durability import ReplicaWait, aread_facts, on_primaries, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
 from .loop_steps import step as _step
@@ -164,13 +163,14 @@ class RedisEffectStore:
                     "(create the client with decode_responses=False)"
                 )
         self._client: SyncClient | None = client
-        # the store re-sends by itself only on clients it built to make one try (see .tries)
-        self._own_tries = (
+        # the store re-sends by itself only on clients that make one try (see .tries): those it builds
+        # from the URL (one server, a Sentinel primary), and a blocking client= set to one try (its
+        # asyncio twin keeps redis-py's default retry, so asyncio calls stay blind there)
+        builds_one_try = (
             client is None and self._parsed_url is not None and self._parsed_url.kind != "cluster"
         )
-        if client is not None and makes_one_try(client):
-            self._own_tries = True
-        self._async_own_tries = async_client is None and self._own_tries
+        self._own_tries = builds_one_try or (client is not None and makes_one_try(client))
+        self._async_own_tries = builds_one_try and async_client is None
         self._async_factory = self._pick_async_factory(async_client)
         # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
         # connections refer to their loop, so weak keys would never be freed. Each client we made is
@@ -345,7 +345,7 @@ class RedisEffectStore:
                 return None  # unreachable now: try again on the next begin
             facts = None
         try:
-            self.max_value_bytes = max_bulk_of(client.config_get(_MAX_BULK, **_on_primaries(client)))
+            self.max_value_bytes = max_bulk_of(client.config_get(_MAX_BULK, **on_primaries(client)))
         except _REDIS_FAILURES:  # CONFIG refused or renamed (managed services): Redis' default
             self.max_value_bytes = DEFAULT_MAX_BULK
         self._learn_server(facts)
@@ -362,7 +362,7 @@ class RedisEffectStore:
                 return None
             facts = None
         try:
-            self.max_value_bytes = max_bulk_of(await client.config_get(_MAX_BULK, **_on_primaries(client)))
+            self.max_value_bytes = max_bulk_of(await client.config_get(_MAX_BULK, **on_primaries(client)))
         except _REDIS_FAILURES:
             self.max_value_bytes = DEFAULT_MAX_BULK
         self._learn_server(facts)
@@ -846,13 +846,6 @@ def _not_a_string(tool_call_id: str, error: BaseException, kind: str, status: An
             return None
         raise CorruptRecordError(f"the record of {tool_call_id!r} is not a string: {OLD_LAYOUT}")
     raise CorruptRecordError(f"the key of the record of {tool_call_id!r} holds a {kind}, not a string")
-
-
-def _on_primaries(client: Any) -> dict[str, Any]:
-    """``target_nodes`` for a server command that must reach every primary of a Cluster."""
-    if isinstance(client, (RedisCluster, AsyncRedisCluster)):
-        return {"target_nodes": client.PRIMARIES}
-    return {}
 
 
 def _script_command(name: str, key: bytes, args: list[Any], with_source: bool = False) -> tuple[Any, ...]:

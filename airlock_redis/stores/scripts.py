@@ -43,11 +43,11 @@ def helpers_for(common: str, body: str) -> str:
     """The definitions of ``common`` (the shared helpers' source) that the compacted ``body`` uses,
     directly or through another one, compacted, in their order. A definition runs from a line that
     starts with ``local`` (unindented) to the next one."""
-    starts = [m.start() for m in _DEFINITION.finditer(common)]
+    found = list(_DEFINITION.finditer(common))
+    starts, names = [m.start() for m in found], [m.group(1) for m in found]
     if not starts or compact(common[: starts[0]]).strip():
         raise ValueError("the shared Lua helpers must be top-level local definitions only")
     chunks = [compact(common[a:b]) for a, b in zip(starts, [*starts[1:], len(common)], strict=True)]
-    names = [m.group(1) for m in _DEFINITION.finditer(common)]
     wanted, taken = set(_WORD.findall(body)), [False] * len(chunks)
     grew = True
     while grew:
