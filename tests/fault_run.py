@@ -1106,17 +1106,43 @@ class ClusterNemesis(Nemesis):
         target = self._primary(rng)
         replica = self.c.replicas_of(target)[0]
         event = FaultEvent("cluster_failover", time.time(), target=replica.name)
-        with replica.client(socket_timeout=5) as c:
-            c.execute_command("CLUSTER", "FAILOVER")
+        # A manual failover needs the primary to know the replica as its own (gossip): a replica that
+        # attached a moment ago (after the fault before this one) is ignored by the primary, and the
+        # failover times out after 5 s on the replica's side. Wait for the pair, and ask again when
+        # a request timed out anyway.
         wait_until(
-            f"{replica.name} to become a primary",
-            lambda: self.c.role(replica) == "master",
+            f"{target.name} to list {replica.name} as its replica",
+            lambda: self._knows_replica(target, replica),
             30,
             on_fail=self.c.logs(),
         )
+        asked: list[float] = []  # when each CLUSTER FAILOVER was sent
+
+        def promoted() -> bool:
+            if self.c.role(replica) == "master":
+                return True
+            if not asked or time.monotonic() - asked[-1] > 7.0:
+                with replica.client(socket_timeout=5) as c:
+                    c.execute_command("CLUSTER", "FAILOVER")
+                asked.append(time.monotonic())
+            return False
+
+        wait_until(f"{replica.name} to become a primary", promoted, 40, on_fail=self.c.logs())
         wait_synced_replica(target, replica, timeout=60, on_fail=self.c.logs())
-        event.detail = f"CLUSTER FAILOVER on {replica.name} (replica of {target.name})"
+        event.detail = f"CLUSTER FAILOVER on {replica.name} (replica of {target.name}), asked {len(asked)}x"
         return event
+
+    def _knows_replica(self, primary: RedisProcess, replica: RedisProcess) -> bool:
+        with replica.client(socket_timeout=2) as c:
+            replica_id = c.execute_command("CLUSTER", "MYID")
+        with primary.client(socket_timeout=2) as c:
+            primary_id = c.execute_command("CLUSTER", "MYID")
+            nodes = c.execute_command("CLUSTER", "NODES")
+        for line in _text(nodes).splitlines():
+            fields = line.split()
+            if len(fields) > 3 and fields[0] == _text(replica_id):
+                return "slave" in fields[2] and fields[3] == _text(primary_id)
+        return False
 
     def kill9_replica(self, rng: random.Random) -> FaultEvent:
         primary = self._primary(rng)
@@ -1539,3 +1565,7 @@ def save(result: RunResult, records: Mapping[str, Any], deployment: _Deployment,
 def seed_from_env() -> int | None:
     value = os.environ.get(SEED_ENV, "").strip()
     return int(value) if value else None
+
+
+def _text(reply: object) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
