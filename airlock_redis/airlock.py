@@ -119,6 +119,7 @@ _check_agent_airlock()
 
 from .approval import ApprovalRequest, approval_request, approve, approve_blocking  # noqa: E402
 from .context import current_idempotency_key  # noqa: E402
+from .core.call_machine import Execution  # noqa: E402
 from .core.canonical import ArgumentBinder  # noqa: E402
 from .core.codec import return_annotation  # noqa: E402
 from .core.errors import ApprovalDenied, CanonicalizationError, EffectRefused, ToolCallIdRequired  # noqa: E402
@@ -484,61 +485,43 @@ class Airlock(_BaseAirlock):
 
             @functools.wraps(func)
             async def guarded_async(*args: Any, **kwargs: Any) -> Any:
-                state = _take_state(tool.name)
-                guard = _guard_of(state.policy) if state is not None else None
-                if guard is None or state is None:
+                call = _GuardedRun.open(self, tool, func, args, kwargs)
+                if call is None:
                     return await func(*args, **kwargs)
-                _install_audit_hook(tool.audit)
-                approver = _PolicyApprover.of(state.policy, state.escalation)
-                started, ran = time.time(), [False]
-
-                async def invoke() -> Any:
-                    ran[0] = True
-                    _expose_key()
-                    return await func(*args, **kwargs)
-
                 try:
-                    call, planned = tool.prepare(guard, args, kwargs)
-                    if state.escalation is not None and planned.approval_why is None:
-                        await approve(approver, _escalation_request(call, planned, state.escalation))
-                    done = await guard.aexecute(call, invoke, approver=approver, annotation=tool.returns)
+                    described, escalation = call.prepare()
+                    if escalation is not None:
+                        await approve(call.approver, escalation)
+                    done = await call.guard.aexecute(
+                        described, call.invoke, approver=call.approver, annotation=tool.returns
+                    )
                 except Exception as error:
-                    return self._failed(tool.name, guard, state, approver, error, ran=ran[0], started=started)
+                    return call.failed(error)
                 except BaseException as error:
-                    _note_error(guard, error)
+                    _note_error(call.guard, error)
                     raise
-                _NOTE.set(_Note(audit={"effect": done.effect}))
-                return done.value
+                return call.done(done)
 
             return guarded_async
 
         @functools.wraps(func)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            state = _take_state(tool.name)
-            guard = _guard_of(state.policy) if state is not None else None
-            if guard is None or state is None:
+            call = _GuardedRun.open(self, tool, func, args, kwargs)
+            if call is None:
                 return func(*args, **kwargs)
-            _install_audit_hook(tool.audit)
-            approver = _PolicyApprover.of(state.policy, state.escalation)
-            started, ran = time.time(), [False]
-
-            def invoke() -> Any:
-                ran[0] = True
-                _expose_key()
-                return func(*args, **kwargs)
-
             try:
-                call, planned = tool.prepare(guard, args, kwargs)
-                if state.escalation is not None and planned.approval_why is None:
-                    approve_blocking(approver, _escalation_request(call, planned, state.escalation))
-                done = guard.execute(call, invoke, approver=approver, annotation=tool.returns)
+                described, escalation = call.prepare()
+                if escalation is not None:
+                    approve_blocking(call.approver, escalation)
+                done = call.guard.execute(
+                    described, call.invoke, approver=call.approver, annotation=tool.returns
+                )
             except Exception as error:
-                return self._failed(tool.name, guard, state, approver, error, ran=ran[0], started=started)
+                return call.failed(error)
             except BaseException as error:
-                _note_error(guard, error)
+                _note_error(call.guard, error)
                 raise
-            _NOTE.set(_Note(audit={"effect": done.effect}))
-            return done.value
+            return call.done(done)
 
         return guarded
 
@@ -637,6 +620,81 @@ class Airlock(_BaseAirlock):
         kept: dict[str, Any] = {k: v for k, v in metadata.items() if v}
         kept.update(extra or {})
         return self._block(tool, refusal.reason, refusal.message, hint, metadata=kept, started=started)
+
+
+class _GuardedRun:
+    """One call of a guarded tool through agent_airlock: what both wrappers (blocking and async)
+    prepare before the guard runs it and make of what came out."""
+
+    __slots__ = (
+        "airlock",
+        "approver",
+        "args",
+        "call",
+        "func",
+        "guard",
+        "kwargs",
+        "ran",
+        "started",
+        "state",
+        "tool",
+    )
+
+    def __init__(  # noqa: PLR0917
+        self,
+        airlock: Airlock,
+        tool: _Tool,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        state: _CallState,
+        guard: EffectGuard,
+    ) -> None:
+        self.airlock, self.tool, self.func, self.args, self.kwargs = airlock, tool, func, args, kwargs
+        self.state, self.guard = state, guard
+        self.approver = _PolicyApprover.of(state.policy, state.escalation)
+        self.started, self.ran = time.time(), False
+
+    @classmethod
+    def open(
+        cls,
+        airlock: Airlock,
+        tool: _Tool,
+        func: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> _GuardedRun | None:
+        """The call, or None when its policy has no guard (then the tool just runs)."""
+        state = _take_state(tool.name)
+        guard = _guard_of(state.policy) if state is not None else None
+        if guard is None or state is None:
+            return None
+        _install_audit_hook(tool.audit)
+        return cls(airlock, tool, func, args, kwargs, state, guard)
+
+    def prepare(self) -> tuple[GuardedCall, ApprovalRequest | None]:
+        """The call as the guard sees it, and the escalation to ask the approver about first, if
+        any (one the guard does not ask itself)."""
+        call, planned = self.tool.prepare(self.guard, self.args, self.kwargs)
+        escalation = self.state.escalation
+        if escalation is not None and planned.approval_why is None:
+            return call, _escalation_request(call, planned, escalation)
+        return call, None
+
+    def invoke(self) -> Any:
+        """The tool body (a coroutine for an async tool), as the guard runs it."""
+        self.ran = True
+        _expose_key()
+        return self.func(*self.args, **self.kwargs)
+
+    def failed(self, error: Exception) -> Any:
+        return self.airlock._failed(
+            self.tool.name, self.guard, self.state, self.approver, error, ran=self.ran, started=self.started
+        )
+
+    def done(self, done: Execution[Any]) -> Any:
+        _NOTE.set(_Note(audit={"effect": done.effect}))
+        return done.value
 
 
 class _Tool:

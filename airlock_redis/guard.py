@@ -1,40 +1,37 @@
 """EffectGuard: run each side-effecting tool call at most once.
 
-The decisions live in the pure core (:mod:`.core.gates`, :mod:`.core.decision`,
-:mod:`.core.outcome`); this module is the I/O around them, once for blocking tools and once for
-coroutines.
+Each call is a :class:`~airlock_redis.core.call_machine.CallMachine` (pure: it decides every step);
+the executors (:mod:`.executors`, one blocking, one asyncio) carry its operations out. This module
+wraps tools, holds the guard's options, and records an operator's verdicts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import logging
-import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, NamedTuple, ParamSpec, TypeVar, cast
 
-from .approval import Approver, approve, approve_blocking
-from .attempts import Attempt, AttemptRules, Commit, Execution, Reporter
+from .approval import Approver
 from .context import read_call_context, tool_call_context
 from .core.ambiguity import AmbiguityRule
+from .core.call_machine import CallMachine, CallRules, Execution
 from .core.callables import is_async_callable
 from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, encode_result, return_annotation
-from .core.errors import (
-    CorruptRecordError,
-    EffectRefused,
-    StoreError,
-)
+from .core.errors import CorruptRecordError
 from .core.gates import GuardedCall, GuardOptions
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS, stream_items
-from .core.records import BeginRequest, Record, Settlement, Status, TransitionResult
+from .core.records import Record, Settlement, Status, TransitionResult
 from .core.reversibility import reversibility_of
 from .core.signing import Signer, SigningKeys
+from .core.stepping import Plan, adrive, drive
 from .core.verdicts import Fence, fence_on_current, parse_verdict, resolve_fence
+from .executors import AsyncExecutor, BlockingExecutor
 from .observability import GuardObserver
+from .reporting import Reporter
 from .stores.base import DurableEffectStore, EffectStore, RemoteEffectStore
 from .stores.memory import InMemoryEffectStore
 
@@ -105,8 +102,10 @@ class EffectGuard:
         self._observer = observer
         # how an operator reaches this store from the command line (None: it lives in this process)
         self._target: str | None = store_.operator_target if isinstance(store_, RemoteEffectStore) else None
-        self._report = Reporter(observer, self._target)
-        self._rules = AttemptRules(self.options, ambiguity, max_result_bytes, self._signer, self._report)
+        self._report = Reporter(observer)
+        self._rules = CallRules(self.options, ambiguity, max_result_bytes, self._signer, self._target)
+        self._blocking = BlockingExecutor(store_, self._durable, self._report)
+        self._async = AsyncExecutor(store_, self._durable, self._report)
         # what call()/acall() wrapped, so a function is wrapped (and its signature read) once
         self._wrappers: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = (
             weakref.WeakKeyDictionary()
@@ -235,25 +234,6 @@ class EffectGuard:
         except TypeError:  # not hashable, or no weak reference to it: wrap it for this call
             return self.wrap(fn)
 
-    # -- the writes both drivers send ------------------------------------------------------------
-    def _refused(self, call: GuardedCall, refusal: EffectRefused) -> None:
-        if self._observer is not None:
-            self._observer.call_event("refused", call.tool, refusal.tool_call_id, reason=refusal.reason)
-
-    def _write(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
-        request = attempt.request
-        assert request is not None
-        if isinstance(step, Settlement):
-            return self.store.settle(request, attempt.attempt, step)
-        return self.store.commit(request, attempt.attempt, step.data, step.mac)
-
-    async def _awrite(self, attempt: Attempt, step: Commit | Settlement) -> TransitionResult:
-        request = attempt.request
-        assert request is not None
-        if isinstance(step, Settlement):
-            return await self.store.asettle(request, attempt.attempt, step)
-        return await self.store.acommit(request, attempt.attempt, step.data, step.mac)
-
     # -- the operator's verdict ------------------------------------------------------------------
     def _resolve_args(
         self,
@@ -306,27 +286,10 @@ class EffectGuard:
         Returns OK, MISSING, MISMATCH or CHANGED. Raises ValueError for a bad verdict or fence, and
         StoreError when the store cannot answer.
         """
-        verdict, fence, data = self._resolve_args(verdict, seen, force, expect_key, value)
-        if force:
-            try:
-                current = fence_on_current(fence, self.store.get(tool_call_id))
-            except CorruptRecordError:
-                current = fence  # a damaged record: forced as it is (its key still checked when given)
-            if current is None:
-                return TransitionResult.MISSING
-            fence = current
-        mac = self._resolve_mac(tool_call_id, fence.key, data)
-        result = self.store.resolve(
-            tool_call_id,
-            verdict,
-            expect_key=fence.key,
-            expect_status=fence.status,
-            expect_owner=fence.owner,
-            value=data,
-            mac=mac,
+        plan = self._resolving(tool_call_id, verdict, seen, force, expect_key, value)
+        return drive(
+            plan, lambda op: self.store.get(tool_call_id) if op is None else op.to(self.store.resolve)
         )
-        self._report.resolved(tool_call_id, verdict, result)
-        return result
 
     async def aresolve(
         self,
@@ -339,29 +302,39 @@ class EffectGuard:
         value: Any = _NO_VALUE,
     ) -> TransitionResult:
         """Coroutine form of :meth:`resolve`."""
+        plan = self._resolving(tool_call_id, verdict, seen, force, expect_key, value)
+        return await adrive(
+            plan, lambda op: self.store.aget(tool_call_id) if op is None else op.to(self.store.aresolve)
+        )
+
+    def _resolving(  # noqa: PLR0917
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement | str,
+        seen: Record | Fence | None,
+        force: bool,
+        expect_key: str | None,
+        value: Any,
+    ) -> Plan[TransitionResult]:
+        """The verdict's steps, for either driver: yields None to read the record (sent the record),
+        then the store's ``resolve`` arguments (sent its answer)."""
         verdict, fence, data = self._resolve_args(verdict, seen, force, expect_key, value)
         if force:
             try:
-                current = fence_on_current(fence, await self.store.aget(tool_call_id))
+                current = fence_on_current(fence, (yield None))
             except CorruptRecordError:
-                current = fence
+                current = fence  # a damaged record: forced as it is (its key still checked when given)
             if current is None:
                 return TransitionResult.MISSING
             fence = current
         mac = self._resolve_mac(tool_call_id, fence.key, data)
-        result = await self.store.aresolve(
-            tool_call_id,
-            verdict,
-            expect_key=fence.key,
-            expect_status=fence.status,
-            expect_owner=fence.owner,
-            value=data,
-            mac=mac,
+        result: TransitionResult = yield _ResolveArgs(
+            tool_call_id, verdict, fence.key, fence.status, fence.owner, data, mac
         )
         self._report.resolved(tool_call_id, verdict, result)
         return result
 
-    # -- blocking driver -------------------------------------------------------------------------
+    # -- running a call ------------------------------------------------------------------------
     def execute(
         self,
         call: GuardedCall,
@@ -374,75 +347,12 @@ class EffectGuard:
 
         ``invoke`` runs the tool body. ``approver`` overrides the guard's own for this call.
         Raises an :class:`EffectRefused` when the call is refused; whatever the tool raises otherwise.
-        The decisions are the :class:`~airlock_redis.attempts.Attempt`'s; this only does the I/O.
+        The decisions are the :class:`~airlock_redis.core.call_machine.CallMachine`'s; the
+        executor only does the I/O.
         """
-        try:
-            attempt = Attempt(self._rules, call, annotation)
-            if attempt.approval is not None:
-                approve_blocking(approver or self.approver, attempt.approval)
-        except EffectRefused as refusal:
-            self._refused(call, refusal)
-            raise
-        request = attempt.begin_request()
-        if request is None:
-            with attempt.running():
-                return attempt.without_record(invoke())
-        try:
-            outcome = self.store.begin(request)
-        except StoreError as exc:
-            release, refused = attempt.on_begin_failed(exc)
-            if release:
-                self._release_lost_begin(request)
-            raise refused from exc
-        except BaseException:  # interrupted while begin ran: it may have landed; the tool never runs
-            self._release_lost_begin(request)
-            raise
-        replay = attempt.on_begun(outcome)
-        if replay is not None:
-            return replay
-        if self._durable is not None:
-            self._make_durable(attempt, request)
-        try:
-            with attempt.running():
-                value = invoke()
-        except BaseException as error:
-            self._finish(attempt, attempt.on_raised(error))
-            raise
-        self._finish(attempt, attempt.on_returned(value))
-        return attempt.executed(value)
+        machine = CallMachine(self._rules, call, annotation)
+        return self._blocking.run(machine, invoke, approver or self.approver)
 
-    def _make_durable(self, attempt: Attempt, request: BeginRequest) -> None:
-        """wait_replicas: the tool runs only once enough replicas hold its pending record."""
-        assert self._durable is not None
-        try:
-            self._durable.ensure_durable(request)
-        except StoreError as exc:
-            self._finish(attempt, attempt.give_back())
-            raise attempt.on_begin_failed(exc)[1] from exc
-
-    def _release_lost_begin(self, request: BeginRequest) -> None:
-        """The begin may have been applied though its reply was lost: take back what this attempt
-        may hold, so a retry of a call that never ran is not refused. Fenced by the attempt's token:
-        it never touches a record another attempt owns, and it leaves a tombstone of the token, so a
-        begin of this attempt that lands later (delayed in the network) records nothing. Only a
-        reversible tool takes a record over, so releasing a record this attempt took over erases no
-        doubt that matters: a reversible call may run again anyway."""
-        try:
-            self.store.settle(request, 1, Settlement.RELEASE)
-        except StoreError as exc:
-            self._report.unreleased(request, exc)
-
-    def _finish(self, attempt: Attempt, step: Commit | Settlement) -> None:
-        """Send the attempt's last write. Never raises: the tool has run (or will not), and the
-        caller gets its value or its own error whatever the store does."""
-        t_sent = time.perf_counter() if self._observer is not None else 0.0
-        try:
-            result: TransitionResult | StoreError = self._write(attempt, step)
-        except Exception as exc:  # whatever the store raised
-            result = as_store_error(exc)
-        attempt.ended(step, result, t_sent)
-
-    # -- coroutine driver ------------------------------------------------------------------------
     async def aexecute(
         self,
         call: GuardedCall,
@@ -457,117 +367,32 @@ class EffectGuard:
         not run: the begin is given back (a tombstone keeps a begin that lands later out), and a
         commit or settle in flight is sent again to completion before the cancellation goes on.
         """
-        try:
-            attempt = Attempt(self._rules, call, annotation)
-            if attempt.approval is not None:
-                await approve(approver or self.approver, attempt.approval)
-        except EffectRefused as refusal:
-            self._refused(call, refusal)
-            raise
-        request = attempt.begin_request()
-        if request is None:
-            with attempt.running():
-                return attempt.without_record(await invoke())
-        try:
-            outcome = await self.store.abegin(request)
-        except StoreError as exc:
-            release, refused = attempt.on_begin_failed(exc)
-            if release:
-                await _shielded(lambda: self._arelease_lost_begin(request))
-            raise refused from exc
-        except BaseException:  # cancelled (or interrupted) while begin ran
-            await _shielded(lambda: self._arelease_lost_begin(request))
-            raise
-        replay = attempt.on_begun(outcome)
-        if replay is not None:
-            return replay
-        if self._durable is not None:
-            await self._amake_durable(attempt, request)
-        try:
-            with attempt.running():
-                value = await invoke()
-        except BaseException as error:
-            await self._afinish(attempt, attempt.on_raised(error))
-            raise
-        await self._afinish(attempt, attempt.on_returned(value))
-        return attempt.executed(value)
-
-    async def _amake_durable(self, attempt: Attempt, request: BeginRequest) -> None:
-        assert self._durable is not None
-        try:
-            await self._durable.aensure_durable(request)
-        except StoreError as exc:
-            await self._afinish(attempt, attempt.give_back())
-            raise attempt.on_begin_failed(exc)[1] from exc
-
-    async def _arelease_lost_begin(self, request: BeginRequest) -> None:
-        try:
-            await self.store.asettle(request, 1, Settlement.RELEASE)
-        except StoreError as exc:
-            self._report.unreleased(request, exc)
-
-    async def _afinish(self, attempt: Attempt, step: Commit | Settlement) -> None:
-        """:meth:`_finish`, sent again to completion if the caller is cancelled meanwhile."""
-        t_sent = time.perf_counter() if self._observer is not None else 0.0
-        try:
-            result: TransitionResult | StoreError = await _to_completion(lambda: self._awrite(attempt, step))
-        except Exception as exc:  # whatever the store raised
-            result = as_store_error(exc)
-        attempt.ended(step, result, t_sent)
+        machine = CallMachine(self._rules, call, annotation)
+        return await self._async.run(machine, invoke, approver or self.approver)
 
 
-def as_store_error(error: Exception) -> StoreError:
-    """A store failure as a StoreError (a third-party store may raise anything)."""
-    return error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
+class _ResolveArgs(NamedTuple):
+    """The arguments of a store's ``resolve``, in its order (the last five by keyword there)."""
 
+    tool_call_id: str
+    verdict: Status | Settlement
+    expect_key: str | None
+    expect_status: Status | None
+    expect_owner: str | None
+    value: bytes | None
+    mac: bytes | None
 
-async def _shielded(send: Callable[[], Awaitable[Any]]) -> None:
-    """Run a store write to the end in a task of its own, however often the caller or the task is
-    cancelled meanwhile, then let the caller's cancellation go on.
-
-    The write is safe to send again (every transition is), so a cancellation that interrupts it
-    sends it again rather than giving up. That is what keeps ``asyncio.run`` from leaving a record
-    behind when it shuts down: it cancels every task that exists at that moment, this one included,
-    once, and then waits for them all to finish. Each write is bounded by the store's timeouts."""
-    task = asyncio.ensure_future(_to_the_end(send))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        await asyncio.wait([task])
-        raise
-
-
-_RESENDS_AFTER_CANCEL = 5
-
-
-async def _to_the_end(send: Callable[[], Awaitable[Any]]) -> None:
-    """Send until the write completes; each cancellation interrupts one send and the write is sent
-    again, at most _RESENDS_AFTER_CANCEL times. A failure is logged (the caller's own outcome, usually
-    its cancellation, is what propagates)."""
-    for _ in range(_RESENDS_AFTER_CANCEL + 1):
-        try:
-            await send()
-            return
-        except asyncio.CancelledError:
-            continue  # interrupted: it may not have landed, so send it again
-        except Exception as exc:
-            log.error("airlock_redis: a store write that had to finish failed: %s", exc)
-            return
-    log.error(
-        "airlock_redis: a store write that had to finish was cancelled %d times; giving up on it",
-        _RESENDS_AFTER_CANCEL + 1,
-    )
-
-
-async def _to_completion(send: Callable[[], Awaitable[TransitionResult]]) -> TransitionResult:
-    """Await a commit or settle. Cancelled while it was in flight, it may or may not have landed: send
-    it again to the end (see :func:`_shielded`) before the cancellation goes on. The common path
-    spawns no task."""
-    try:
-        return await send()
-    except asyncio.CancelledError:
-        await _shielded(send)
-        raise
+    def to(self, resolve: Callable[..., R]) -> R:
+        """Call a store's ``resolve`` (or ``aresolve``) with these arguments."""
+        return resolve(
+            self.tool_call_id,
+            self.verdict,
+            expect_key=self.expect_key,
+            expect_status=self.expect_status,
+            expect_owner=self.expect_owner,
+            value=self.value,
+            mac=self.mac,
+        )
 
 
 class _LazyAnnotation:

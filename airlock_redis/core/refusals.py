@@ -9,14 +9,16 @@ from collections.abc import Sequence
 from .errors import (
     ApprovalDenied,
     EffectPolicyViolation,
+    EffectRefused,
     EffectStatusUnknown,
     RecordCorrupt,
+    RefusalReason,
     ResultNotStored,
     StoreUnavailable,
     TargetArgsRequired,
     ToolCallIdRequired,
 )
-from .records import BeginOutcome
+from .records import BeginOutcome, BeginRequest
 from .reversibility import Reversibility
 
 
@@ -49,6 +51,18 @@ def status_unknown(
         idempotency_key=key,
         fix_hint=_ask_backend(tool_call_id, key, target),
     )
+
+
+def for_begin(
+    reason: RefusalReason, request: BeginRequest, outcome: BeginOutcome, target: str | None = ""
+) -> EffectRefused:
+    """The refusal for what begin found (:func:`~airlock_redis.core.decision.decide`'s reason)."""
+    tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
+    if reason == "policy_violation":
+        return policy_violation(tool, tool_call_id, key, outcome)
+    if reason == "result_not_stored":
+        return result_not_stored(tool, tool_call_id, key)
+    return status_unknown(tool, tool_call_id, key, outcome, target)
 
 
 def policy_violation(tool: str, tool_call_id: str, key: str, outcome: BeginOutcome) -> EffectPolicyViolation:

@@ -40,6 +40,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
 
 from ..core.errors import StoreError
+from ..core.stepping import adrive, drive
 from .loop_steps import step as _step
 from .server_facts import ServerFacts, facts_from_info, merge_info, per_node
 from .url import AsyncClient, SyncClient, async_node_client
@@ -260,14 +261,7 @@ class ReplicaWait:
         (or, while its slot migrates, to the node that ASK redirection names)."""
         cluster = isinstance(client, RedisCluster)
         plan = self._plan(key=key, sha=sha, source=source, args=args, facts=facts, cluster=cluster)
-        answer: Any = None
-        while True:
-            try:
-                request = plan.send(answer)
-            except StopIteration as done:
-                result: tuple[Any, Acks] = done.value
-                return result
-            answer = self._carry(client, key, source, request)
+        return drive(plan, lambda request: self._carry(client, key, source, request))
 
     def _carry(self, client: SyncClient, key: bytes, source: str, request: Request) -> Any:
         if isinstance(request, Again):
@@ -315,14 +309,7 @@ class ReplicaWait:
     ) -> tuple[Any, Acks]:
         cluster = isinstance(client, AsyncRedisCluster)
         plan = self._plan(key=key, sha=sha, source=source, args=args, facts=facts, cluster=cluster)
-        answer: Any = None
-        while True:
-            try:
-                request = plan.send(answer)
-            except StopIteration as done:
-                result: tuple[Any, Acks] = done.value
-                return result
-            answer = await self._acarry(client, key, source, request)
+        return await adrive(plan, lambda request: self._acarry(client, key, source, request))
 
     async def _acarry(self, client: AsyncClient, key: bytes, source: str, request: Request) -> Any:
         if isinstance(request, Again):

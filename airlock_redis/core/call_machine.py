@@ -1,0 +1,431 @@
+"""One guarded call as an explicit state machine. Pure: no I/O, no logging, no context reads.
+
+The machine takes events (what the approver, the store and the tool answered) and returns the next
+operation as data. An executor (``airlock_redis.executors``: one blocking, one asyncio) carries the
+operation out and feeds the answer back; a reporter turns the operations into logs, metrics and
+events, in one place. The states and the events each one takes::
+
+    READY --start--> ASKING --approved--> ...           (approval needed)
+    READY --start--> BEGINNING | RUNNING_BARE | DONE     (begin, run without a record, refuse)
+    BEGINNING --begun--> RUNNING | SECURING | DONE       (run, wait for replicas, replay or refuse)
+    BEGINNING --begin_failed--> GIVING_BACK | DONE       (give back what may have landed, refuse)
+    BEGINNING --begin_interrupted--> GIVING_BACK         (then re-raise the interruption)
+    SECURING --secured--> RUNNING
+    SECURING --secure_failed--> ENDING                   (give the record back, then refuse)
+    RUNNING --returned | raised--> ENDING                (commit or settle)
+    RUNNING_BARE --returned | raised--> DONE
+    ENDING --written--> DONE                             (return, re-raise or refuse)
+    GIVING_BACK --given_back--> DONE                     (refuse or re-raise)
+
+Every transition is in :data:`TRANSITIONS`; an event a state does not take raises
+:class:`MachineError` (a bug in an executor, never a user error).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
+
+from . import refusals
+from .ambiguity import AmbiguityRule
+from .codec import decode_result, encode_result, revalidate
+from .decision import Replay, Run, decide
+from .errors import CorruptRecordError, EffectRefused, ResultDecodingError, ResultEncodingError, StoreError
+from .gates import GuardedCall, GuardOptions, Plan, plan
+from .outcome import give_back, gives_back_after_failed_begin, settlement_for_error, settlement_for_return
+from .records import BeginOutcome, BeginRequest, Settlement
+from .signing import Signer
+
+T = TypeVar("T")
+
+Effect = Literal["executed", "replayed", "unguarded", "nested"]
+
+
+class State(enum.Enum):
+    READY = "ready"  # the gates passed (made with the machine); nothing asked or recorded yet
+    ASKING = "asking"  # waiting for the approver
+    BEGINNING = "beginning"  # the begin is sent
+    SECURING = "securing"  # waiting until enough replicas hold the pending record (wait_replicas)
+    RUNNING = "running"  # the tool body runs; this attempt owns the record
+    RUNNING_BARE = "running_bare"  # the tool body runs without a record of its own
+    ENDING = "ending"  # the attempt's last write (commit or settle) is sent
+    GIVING_BACK = "giving_back"  # the release of a begin that may have landed is sent
+    DONE = "done"
+
+
+class Event(enum.Enum):
+    START = "start"
+    APPROVED = "approved"
+    DENIED = "denied"
+    BEGUN = "begun"
+    BEGIN_FAILED = "begin_failed"
+    BEGIN_INTERRUPTED = "begin_interrupted"
+    SECURED = "secured"
+    SECURE_FAILED = "secure_failed"
+    RETURNED = "returned"
+    RAISED = "raised"
+    WRITTEN = "written"
+    GIVEN_BACK = "given_back"
+
+
+S, E = State, Event
+# (state, event) -> the states the machine may go to. The decision between them is the machine's.
+TRANSITIONS: dict[tuple[State, Event], frozenset[State]] = {
+    (S.READY, E.START): frozenset({S.ASKING, S.BEGINNING, S.RUNNING_BARE, S.DONE}),
+    (S.ASKING, E.APPROVED): frozenset({S.BEGINNING, S.RUNNING_BARE, S.DONE}),
+    (S.ASKING, E.DENIED): frozenset({S.DONE}),
+    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.DONE}),
+    (S.BEGINNING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
+    (S.BEGINNING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
+    (S.SECURING, E.SECURED): frozenset({S.RUNNING}),
+    (S.SECURING, E.SECURE_FAILED): frozenset({S.ENDING}),
+    (S.RUNNING, E.RETURNED): frozenset({S.ENDING}),
+    (S.RUNNING, E.RAISED): frozenset({S.ENDING}),
+    (S.RUNNING_BARE, E.RETURNED): frozenset({S.DONE}),
+    (S.RUNNING_BARE, E.RAISED): frozenset({S.DONE}),
+    (S.ENDING, E.WRITTEN): frozenset({S.DONE}),
+    (S.GIVING_BACK, E.GIVEN_BACK): frozenset({S.DONE}),
+}
+del S, E
+
+
+class MachineError(RuntimeError):
+    """An executor fed an event the machine's state does not take."""
+
+
+@dataclass(slots=True)  # built on every call: a frozen dataclass costs four times as much to build
+class Execution(Generic[T]):
+    """What a guarded call produced, and how."""
+
+    value: T
+    # executed: the tool ran; replayed: the stored value; unguarded: ran without a record (no id);
+    # nested: ran inside the guarded body of the same tool_call_id, covered by that call's record
+    effect: Effect
+    tool_call_id: str | None
+    idempotency_key: str | None
+    attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CallRules:
+    """What every call of one guard decides by; made once, with the guard."""
+
+    options: GuardOptions
+    ambiguity: AmbiguityRule
+    max_result_bytes: int
+    signer: Signer | None
+    target: str | None = ""  # how an operator reaches the store (for refusals' hints); None: in-process
+
+
+class Running(NamedTuple):
+    """The guarded call whose body runs now, as the executor read it from its context: its
+    idempotency key, tool_call_id, and whether its tool may run again."""
+
+    idempotency_key: str | None
+    tool_call_id: str | None
+    may_run_again: bool
+
+
+class Commit(NamedTuple):
+    """Store the result: its bytes and their MAC (both None when the result cannot be stored, and
+    ``not_stored`` says why)."""
+
+    data: bytes | None
+    mac: bytes | None
+    not_stored: str | None = None
+
+
+# -- the operations: what the executor does next ------------------------------------------------
+class Ask(NamedTuple):
+    """Ask the approver (``why``: the reason approval is needed); then ``approved`` or ``denied``."""
+
+    why: str
+
+
+class Begin(NamedTuple):
+    """Send the begin; then ``begun``, ``begin_failed`` (a StoreError) or ``begin_interrupted``."""
+
+    request: BeginRequest
+
+
+class Secure(NamedTuple):
+    """Wait until enough replicas hold the pending record; then ``secured`` or ``secure_failed``."""
+
+    request: BeginRequest
+
+
+class RunTool(NamedTuple):
+    """Run the tool body inside ``running`` (the context its own guarded calls see); then
+    ``returned`` or ``raised``. ``bare``: it runs without a record of its own."""
+
+    running: Running
+    bare: bool
+
+
+class Write(NamedTuple):
+    """Send the attempt's last write (commit or settle); then ``written`` with the store's answer."""
+
+    request: BeginRequest
+    attempt: int
+    step: Commit | Settlement
+
+
+class GiveBack(NamedTuple):
+    """Release what a begin whose answer was lost may have taken (owner-fenced: it never touches a
+    record another attempt owns); then ``given_back``."""
+
+    request: BeginRequest
+
+
+class Finish(NamedTuple):
+    """The call is over: return ``execution``."""
+
+    execution: Execution[Any]
+
+
+class Refuse(NamedTuple):
+    """The call is over: raise ``refusal`` (from ``cause``, when there is one)."""
+
+    refusal: EffectRefused
+    cause: BaseException | None = None
+
+
+class Reraise(NamedTuple):
+    """The call is over: raise what the tool (or an interruption) raised."""
+
+    error: BaseException
+
+
+Operation = Ask | Begin | Secure | RunTool | Write | GiveBack | Finish | Refuse | Reraise
+Outcome = Finish | Refuse | Reraise
+
+
+class CallMachine:
+    """One guarded call, from its gates to its end. Made by running the gates: a refusal there is
+    the first operation :meth:`start` returns."""
+
+    __slots__ = (
+        "_after",
+        "_nested_key",
+        "annotation",
+        "attempt",
+        "call",
+        "plan",
+        "request",
+        "rules",
+        "state",
+        "t_run",
+    )
+
+    def __init__(self, rules: CallRules, call: GuardedCall, annotation: Callable[[], Any]) -> None:
+        self.rules = rules
+        self.call = call
+        self.annotation = annotation  # the tool's return annotation, read on first replay
+        self.state = State.READY
+        self.request: BeginRequest | None = None
+        self.attempt = 0  # this attempt's number, once it owns the record
+        self._after: Outcome | None = None  # how the call ends once the write in flight is answered
+        self._nested_key: str | None = None  # nested: the key of the call whose body this is
+        self.t_run = 0.0  # set by the executor when the tool starts (for the observer's durations)
+        self.plan: Plan | None
+        try:
+            self.plan = plan(call, rules.options)
+        except EffectRefused as refusal:
+            self.plan = None
+            self._after = Refuse(refusal)
+
+    def _go(self, event: Event, to: State) -> None:
+        if to not in TRANSITIONS.get((self.state, event), ()):
+            raise MachineError(f"{event.value} in state {self.state.value} cannot lead to {to.value}")
+        self.state = to
+
+    # -- before the record ---------------------------------------------------------------------
+    def start(self, running: Running) -> Operation:
+        """The first operation. ``running``: the guarded call whose body runs now, if any."""
+        if self.plan is None:
+            self._go(Event.START, State.DONE)
+            assert self._after is not None
+            return self._after
+        if self.plan.approval_why is not None:
+            self._go(Event.START, State.ASKING)
+            return Ask(self.plan.approval_why)
+        return self._record_or_not(Event.START, running)
+
+    def approved(self, running: Running) -> Operation:
+        return self._record_or_not(Event.APPROVED, running)
+
+    def denied(self, refusal: EffectRefused) -> Refuse:
+        self._go(Event.DENIED, State.DONE)
+        return Refuse(refusal)
+
+    def _record_or_not(self, event: Event, running: Running) -> Operation:
+        """Begin a record, or run without one: the call has no id (and needs none), or it is made
+        inside the body of this very tool_call_id (the record there covers it)."""
+        planned = self.plan
+        assert planned is not None
+        tool_call_id = planned.tool_call_id
+        if tool_call_id is None:
+            self._go(event, State.RUNNING_BARE)
+            return RunTool(
+                Running(planned.idempotency_key, None, self.call.reversibility.may_run_again), True
+            )
+        if tool_call_id == running.tool_call_id:
+            # covered by the record of the call whose body this is, which runs at most once unless its
+            # tool may run again: then a tool that may not would run again with it
+            if running.may_run_again and not self.call.reversibility.may_run_again:
+                self._go(event, State.DONE)
+                return Refuse(refusals.nested_in_reversible(self.call.tool, tool_call_id))
+            self._go(event, State.RUNNING_BARE)
+            self._nested_key = running.idempotency_key
+            return RunTool(running, True)
+        key = planned.idempotency_key
+        assert key is not None
+        # tool_call_id, idempotency_key, tool, owner token (secrets.token_hex(16) without its two
+        # calls), reversible: positional, which builds the named tuple faster than keywords
+        self.request = BeginRequest(
+            tool_call_id, key, self.call.tool, os.urandom(16).hex(), self.call.reversibility.may_run_again
+        )
+        self._go(event, State.BEGINNING)
+        return Begin(self.request)
+
+    # -- the begin's answer --------------------------------------------------------------------
+    def begun(self, outcome: BeginOutcome, durable: bool) -> Operation:
+        """What begin found. ``durable``: the store must first get the record to its replicas."""
+        request = self.request
+        assert request is not None
+        decision = decide(outcome)
+        if isinstance(decision, Run):
+            self.attempt = decision.attempt
+            if durable:
+                self._go(Event.BEGUN, State.SECURING)
+                return Secure(request)
+            self._go(Event.BEGUN, State.RUNNING)
+            return self._run()
+        self._go(Event.BEGUN, State.DONE)
+        tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
+        if isinstance(decision, Replay):
+            signer = self.rules.signer
+            if signer is not None and not signer.verify(tool_call_id, key, decision.value, decision.mac):
+                return Refuse(
+                    refusals.record_corrupt(
+                        tool,
+                        tool_call_id,
+                        key,
+                        "its signature does not verify (edited or forged in the store)",
+                    )
+                )
+            try:
+                value = revalidate(decode_result(decision.value), self.annotation())
+            except ResultDecodingError as exc:
+                return Refuse(refusals.record_corrupt(tool, tool_call_id, key, str(exc)))
+            return Finish(Execution(value, "replayed", tool_call_id, key, outcome.attempt))
+        return Refuse(refusals.for_begin(decision.reason, request, outcome, self.rules.target))
+
+    def begin_failed(self, error: StoreError) -> Operation:
+        """The begin failed. A lost reply may hide a begin that landed: give back what this attempt
+        may hold, then refuse."""
+        refusal = self._begin_refusal(error)
+        if gives_back_after_failed_begin(error):
+            self._go(Event.BEGIN_FAILED, State.GIVING_BACK)
+            self._after = refusal
+            assert self.request is not None
+            return GiveBack(self.request)
+        self._go(Event.BEGIN_FAILED, State.DONE)
+        return refusal
+
+    def begin_interrupted(self, error: BaseException) -> GiveBack:
+        """Interrupted (cancelled) while begin ran: it may have landed; the tool never runs."""
+        self._go(Event.BEGIN_INTERRUPTED, State.GIVING_BACK)
+        self._after = Reraise(error)
+        assert self.request is not None
+        return GiveBack(self.request)
+
+    def given_back(self) -> Outcome:
+        self._go(Event.GIVEN_BACK, State.DONE)
+        assert self._after is not None
+        return self._after
+
+    def secured(self) -> RunTool:
+        self._go(Event.SECURED, State.RUNNING)
+        return self._run()
+
+    def secure_failed(self, error: StoreError) -> Write:
+        """Not enough replicas hold the record: the tool will not run; give the record back."""
+        self._go(Event.SECURE_FAILED, State.ENDING)
+        self._after = self._begin_refusal(error)
+        assert self.request is not None
+        return Write(self.request, self.attempt, give_back(self.attempt))
+
+    def _begin_refusal(self, error: StoreError) -> Refuse:
+        request = self.request
+        assert request is not None
+        tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
+        if isinstance(error, CorruptRecordError):
+            return Refuse(refusals.record_corrupt(tool, tool_call_id, key, str(error)), error)
+        return Refuse(
+            refusals.store_unavailable(tool, tool_call_id, key, str(error), self.rules.target), error
+        )
+
+    def _run(self) -> RunTool:
+        planned, reversibility = self.plan, self.call.reversibility
+        assert planned is not None
+        return RunTool(
+            Running(planned.idempotency_key, planned.tool_call_id, reversibility.may_run_again), False
+        )
+
+    # -- after the tool ------------------------------------------------------------------------
+    def returned(self, value: Any) -> Operation:
+        """The tool returned ``value``: write its result (or, for a deferred result, the settlement).
+        Never raises: the tool has run."""
+        planned = self.plan
+        assert planned is not None
+        if self.state is State.RUNNING_BARE:
+            self._go(Event.RETURNED, State.DONE)
+            if planned.tool_call_id is None:
+                return Finish(Execution(value, "unguarded", None, planned.idempotency_key))
+            return Finish(Execution(value, "nested", planned.tool_call_id, self._nested_key))
+        self._go(Event.RETURNED, State.ENDING)
+        self._after = Finish(
+            Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, self.attempt)
+        )
+        settlement = settlement_for_return(value)
+        assert self.request is not None
+        return Write(
+            self.request, self.attempt, settlement if settlement is not None else self._sealed(value)
+        )
+
+    def raised(self, error: BaseException) -> Operation:
+        """The tool raised ``error``: the record ends unknown when in doubt, else released."""
+        if self.state is State.RUNNING_BARE:
+            self._go(Event.RAISED, State.DONE)
+            return Reraise(error)
+        self._go(Event.RAISED, State.ENDING)
+        self._after = Reraise(error)
+        assert self.request is not None
+        return Write(self.request, self.attempt, settlement_for_error(error, self.rules.ambiguity))
+
+    def written(self) -> Outcome:
+        """The store answered the last write (whatever it answered: the tool has run, or will not)."""
+        self._go(Event.WRITTEN, State.DONE)
+        assert self._after is not None
+        return self._after
+
+    def _sealed(self, value: Any) -> Commit:
+        """The bytes to store and their MAC, or none (and why) when the result cannot be stored.
+        Never raises: whatever goes wrong here (an encoder that meets an attribute that raises, a
+        signer error) ends as "committed, not stored", never as a record left pending or an
+        exception for a call that took effect."""
+        request = self.request
+        assert request is not None
+        rules = self.rules
+        try:
+            data = encode_result(value, rules.max_result_bytes)
+            if rules.signer is None:
+                return Commit(data, None)
+            return Commit(data, rules.signer.sign(request.tool_call_id, request.idempotency_key, data))
+        except Exception as exc:
+            why = str(exc) if isinstance(exc, ResultEncodingError) else f"{type(exc).__name__}: {exc}"
+            return Commit(None, None, why)

@@ -1,0 +1,296 @@
+"""The two executors of a guarded call: one blocking, one asyncio. Each carries out the operations
+the call machine (:mod:`airlock_redis.core.call_machine`) returns and feeds the answers back; neither
+decides anything. What both do alike (how a call ends, what is reported) is shared, not mirrored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .approval import Approver, approval_request, approve, approve_blocking
+from .context import read_running, running_key
+from .core.call_machine import (
+    Ask,
+    Begin,
+    CallMachine,
+    Execution,
+    Finish,
+    GiveBack,
+    Operation,
+    Refuse,
+    Running,
+    RunTool,
+    Secure,
+    Write,
+)
+from .core.errors import EffectRefused, StoreError
+from .core.records import Settlement, TransitionResult
+from .reporting import Reporter
+from .stores.base import DurableEffectStore, EffectStore
+
+log = logging.getLogger("airlock_redis")
+
+
+def running_now() -> Running:
+    """The guarded call whose body runs in this context (all None when there is none)."""
+    return Running(*read_running())
+
+
+def conclude(report: Reporter, machine: CallMachine, op: Operation) -> Execution[Any]:
+    """End the call as the machine said: return the execution, raise the refusal (reported here,
+    whichever step refused), or raise what the tool or an interruption raised."""
+    if type(op) is Finish:
+        return op.execution
+    if type(op) is Refuse:
+        report.refused(machine, op)
+        raise op.refusal from op.cause
+    raise op.error  # type: ignore[union-attr]  # Reraise: the only other outcome
+
+
+def as_store_error(error: Exception) -> StoreError:
+    """A store failure as a StoreError (a third-party store may raise anything)."""
+    return error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
+
+
+class _Executor:
+    __slots__ = ("_steps", "durable", "report", "store")
+
+    def __init__(self, store: EffectStore, durable: DurableEffectStore | None, report: Reporter) -> None:
+        self.store = store
+        self.durable = durable  # set: the tool runs only once enough replicas hold its record
+        self.report = report
+
+
+class BlockingExecutor(_Executor):
+    """Carries a call of a blocking tool out."""
+
+    __slots__ = ()
+
+    def __init__(self, store: EffectStore, durable: DurableEffectStore | None, report: Reporter) -> None:
+        super().__init__(store, durable, report)
+        self._steps: dict[
+            type, Callable[[CallMachine, Any, Callable[[], Any], Approver | None], Operation]
+        ] = {
+            Begin: self._begin,
+            RunTool: self._run,
+            Write: self._write,
+            Secure: self._secure,
+            GiveBack: self._give_back,
+            Ask: self._ask,
+        }
+
+    def run(
+        self, machine: CallMachine, invoke: Callable[[], Any], approver: Approver | None
+    ) -> Execution[Any]:
+        op = machine.start(running_now())
+        steps = self._steps
+        while (step := steps.get(type(op))) is not None:
+            op = step(machine, op, invoke, approver)
+        return conclude(self.report, machine, op)
+
+    def _begin(self, machine: CallMachine, op: Begin, invoke: object, approver: object) -> Operation:
+        t_sent = self.report.clock()
+        try:
+            outcome = self.store.begin(op.request)
+        except StoreError as exc:
+            return self.report.begin_failed(machine.begin_failed(exc), exc)
+        except BaseException as exc:  # interrupted while begin ran: it may have landed
+            return machine.begin_interrupted(exc)
+        return self.report.begun(machine, machine.begun(outcome, self.durable is not None), t_sent)
+
+    def _secure(self, machine: CallMachine, op: Secure, invoke: object, approver: object) -> Operation:
+        assert self.durable is not None
+        try:
+            self.durable.ensure_durable(op.request)
+        except StoreError as exc:
+            return self.report.begin_failed(machine.secure_failed(exc), exc)
+        return machine.secured()
+
+    def _run(
+        self, machine: CallMachine, op: RunTool, invoke: Callable[[], Any], approver: object
+    ) -> Operation:
+        machine.t_run = self.report.clock()
+        try:
+            with running_key(*op.running):
+                value = invoke()
+        except BaseException as error:
+            return machine.raised(error)
+        return machine.returned(value)
+
+    def _write(self, machine: CallMachine, op: Write, invoke: object, approver: object) -> Operation:
+        t_sent = self.report.clock()
+        try:
+            step = op.step
+            if isinstance(step, Settlement):
+                result: TransitionResult | StoreError = self.store.settle(op.request, op.attempt, step)
+            else:
+                result = self.store.commit(op.request, op.attempt, step.data, step.mac)
+        except Exception as exc:  # whatever the store raised: the tool has run (or will not)
+            result = as_store_error(exc)
+        self.report.ended(machine, op, result, machine.t_run, t_sent)
+        return machine.written()
+
+    def _give_back(self, machine: CallMachine, op: GiveBack, invoke: object, approver: object) -> Operation:
+        try:
+            self.store.settle(op.request, 1, Settlement.RELEASE)
+        except StoreError as exc:
+            self.report.unreleased(op.request, exc)
+        return machine.given_back()
+
+    def _ask(self, machine: CallMachine, op: Ask, invoke: object, approver: Approver | None) -> Operation:
+        assert machine.plan is not None
+        try:
+            approve_blocking(approver, approval_request(machine.call, machine.plan, op.why))
+        except EffectRefused as refusal:
+            return machine.denied(refusal)
+        return machine.approved(running_now())
+
+
+class AsyncExecutor(_Executor):
+    """Carries a call of an async tool out. A cancellation while the store is reached never leaves
+    a record behind for a tool that did not run: the begin is given back (a tombstone keeps a begin
+    that lands later out), and a commit or settle in flight is sent again to completion before the
+    cancellation goes on."""
+
+    __slots__ = ()
+
+    def __init__(self, store: EffectStore, durable: DurableEffectStore | None, report: Reporter) -> None:
+        super().__init__(store, durable, report)
+        self._steps: dict[
+            type,
+            Callable[[CallMachine, Any, Callable[[], Awaitable[Any]], Approver | None], Awaitable[Operation]],
+        ] = {
+            Begin: self._begin,
+            RunTool: self._run,
+            Write: self._write,
+            Secure: self._secure,
+            GiveBack: self._give_back,
+            Ask: self._ask,
+        }
+
+    async def run(
+        self, machine: CallMachine, invoke: Callable[[], Awaitable[Any]], approver: Approver | None
+    ) -> Execution[Any]:
+        op = machine.start(running_now())
+        steps = self._steps
+        while (step := steps.get(type(op))) is not None:
+            op = await step(machine, op, invoke, approver)
+        return conclude(self.report, machine, op)
+
+    async def _begin(self, machine: CallMachine, op: Begin, invoke: object, approver: object) -> Operation:
+        t_sent = self.report.clock()
+        try:
+            outcome = await self.store.abegin(op.request)
+        except StoreError as exc:
+            return self.report.begin_failed(machine.begin_failed(exc), exc)
+        except BaseException as exc:  # cancelled (or interrupted) while begin ran: it may have landed
+            return machine.begin_interrupted(exc)
+        return self.report.begun(machine, machine.begun(outcome, self.durable is not None), t_sent)
+
+    async def _secure(self, machine: CallMachine, op: Secure, invoke: object, approver: object) -> Operation:
+        assert self.durable is not None
+        try:
+            await self.durable.aensure_durable(op.request)
+        except StoreError as exc:
+            return self.report.begin_failed(machine.secure_failed(exc), exc)
+        return machine.secured()
+
+    async def _run(
+        self, machine: CallMachine, op: RunTool, invoke: Callable[[], Awaitable[Any]], approver: object
+    ) -> Operation:
+        machine.t_run = self.report.clock()
+        try:
+            with running_key(*op.running):
+                value = await invoke()
+        except BaseException as error:
+            return machine.raised(error)
+        return machine.returned(value)
+
+    async def _write(self, machine: CallMachine, op: Write, invoke: object, approver: object) -> Operation:
+        t_sent = self.report.clock()
+        try:
+            result: TransitionResult | StoreError = await _to_completion(lambda: self._send(op))
+        except Exception as exc:  # whatever the store raised: the tool has run (or will not)
+            result = as_store_error(exc)
+        self.report.ended(machine, op, result, machine.t_run, t_sent)
+        return machine.written()
+
+    def _send(self, op: Write) -> Awaitable[TransitionResult]:
+        step = op.step
+        if isinstance(step, Settlement):
+            return self.store.asettle(op.request, op.attempt, step)
+        return self.store.acommit(op.request, op.attempt, step.data, step.mac)
+
+    async def _give_back(
+        self, machine: CallMachine, op: GiveBack, invoke: object, approver: object
+    ) -> Operation:
+        async def release() -> None:
+            try:
+                await self.store.asettle(op.request, 1, Settlement.RELEASE)
+            except StoreError as exc:
+                self.report.unreleased(op.request, exc)
+
+        await _shielded(release)
+        return machine.given_back()
+
+    async def _ask(
+        self, machine: CallMachine, op: Ask, invoke: object, approver: Approver | None
+    ) -> Operation:
+        assert machine.plan is not None
+        try:
+            await approve(approver, approval_request(machine.call, machine.plan, op.why))
+        except EffectRefused as refusal:
+            return machine.denied(refusal)
+        return machine.approved(running_now())
+
+
+async def _shielded(send: Callable[[], Awaitable[Any]]) -> None:
+    """Run a store write to the end in a task of its own, however often the caller or the task is
+    cancelled meanwhile, then let the caller's cancellation go on.
+
+    The write is safe to send again (every transition is), so a cancellation that interrupts it
+    sends it again rather than giving up. That is what keeps ``asyncio.run`` from leaving a record
+    behind when it shuts down: it cancels every task that exists at that moment, this one included,
+    once, and then waits for them all to finish. Each write is bounded by the store's timeouts."""
+    task = asyncio.ensure_future(_to_the_end(send))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
+_RESENDS_AFTER_CANCEL = 5
+
+
+async def _to_the_end(send: Callable[[], Awaitable[Any]]) -> None:
+    """Send until the write completes; each cancellation interrupts one send and the write is sent
+    again, at most _RESENDS_AFTER_CANCEL times. A failure is logged (the caller's own outcome, usually
+    its cancellation, is what propagates)."""
+    for _ in range(_RESENDS_AFTER_CANCEL + 1):
+        try:
+            await send()
+            return
+        except asyncio.CancelledError:
+            continue  # interrupted: it may not have landed, so send it again
+        except Exception as exc:
+            log.error("airlock_redis: a store write that had to finish failed: %s", exc)
+            return
+    log.error(
+        "airlock_redis: a store write that had to finish was cancelled %d times; giving up on it",
+        _RESENDS_AFTER_CANCEL + 1,
+    )
+
+
+async def _to_completion(send: Callable[[], Awaitable[TransitionResult]]) -> TransitionResult:
+    """Await a commit or settle. Cancelled while it was in flight, it may or may not have landed: send
+    it again to the end (see :func:`_shielded`) before the cancellation goes on. The common path
+    spawns no task."""
+    try:
+        return await send()
+    except asyncio.CancelledError:
+        await _shielded(send)
+        raise
