@@ -85,7 +85,7 @@ class BlockingExecutor(_Executor):
     def run(
         self, machine: CallMachine, invoke: Callable[[], Any], approver: Approver | None
     ) -> Execution[Any]:
-        op = machine.start(running_now())
+        op = machine.start(Running(*read_running()))
         steps = self._steps
         while (step := steps.get(type(op))) is not None:
             op = step(machine, op, invoke, approver)
@@ -174,7 +174,7 @@ class AsyncExecutor(_Executor):
     async def run(
         self, machine: CallMachine, invoke: Callable[[], Awaitable[Any]], approver: Approver | None
     ) -> Execution[Any]:
-        op = machine.start(running_now())
+        op = machine.start(Running(*read_running()))
         steps = self._steps
         while (step := steps.get(type(op))) is not None:
             op = await step(machine, op, invoke, approver)

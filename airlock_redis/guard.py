@@ -43,6 +43,8 @@ log = logging.getLogger("airlock_redis")
 
 
 _NO_VALUE: Any = object()
+# an async tool's body as the executor awaits it (named once: subscripting it per call costs a microsecond)
+_AsyncBody = Callable[[], Awaitable[Any]]
 # set on every wrapper guard.wrap returns: the guard that owns it
 _GUARDED_BY = "__effect_guard__"
 
@@ -155,7 +157,7 @@ class EffectGuard:
             @functools.wraps(fn)
             async def async_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
                 call = describe(args, kwargs)
-                body = cast(Callable[[], Awaitable[Any]], lambda: fn(*args, **kwargs))
+                body = cast(_AsyncBody, lambda: fn(*args, **kwargs))
                 done = await self.aexecute(call, body, annotation=annotation.get)
                 return done.value
 

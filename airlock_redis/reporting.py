@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Literal
 
 from .core.call_machine import CallMachine, Commit, Finish, Operation, Refuse, Write
@@ -22,14 +23,12 @@ log = logging.getLogger("airlock_redis")
 class Reporter:
     """Logs each step of a call, and tells the observer when there is one."""
 
-    __slots__ = ("observer",)
+    __slots__ = ("clock", "observer")
 
     def __init__(self, observer: GuardObserver | None) -> None:
         self.observer = observer
-
-    def clock(self) -> float:
-        """perf_counter when there is an observer to tell durations to; 0 otherwise (no cost)."""
-        return time.perf_counter() if self.observer is not None else 0.0
+        # perf_counter when there is an observer to tell durations to; else 0.0 (float() costs nothing)
+        self.clock: Callable[[], float] = time.perf_counter if observer is not None else float
 
     # -- the begin -----------------------------------------------------------------------------
     def begun(self, machine: CallMachine, op: Operation, t_sent: float) -> Operation:
@@ -93,6 +92,8 @@ class Reporter:
         """The store answered the attempt's last write (sent at ``t_sent``; the tool started at
         ``t_run``)."""
         step, request = op.step, op.request
+        if result is TransitionResult.OK and self.observer is None and type(step) is not Commit:
+            return  # the common end of a settled call: nothing to say
         if isinstance(step, Commit):
             if step.not_stored is not None:
                 log.warning(
@@ -102,7 +103,8 @@ class Reporter:
                     request.tool_call_id,
                     step.not_stored,
                 )
-            self._committed(request, result)
+            if result is not TransitionResult.OK:
+                self._committed(request, result)
             if self.observer is not None:
                 self._observe(op, "commit", "committed", result, t_run, t_sent)
             return

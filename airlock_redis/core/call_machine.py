@@ -45,6 +45,8 @@ Effect = Literal["executed", "replayed", "unguarded", "nested"]
 
 
 class State(enum.Enum):
+    __hash__ = object.__hash__  # members are singletons: hashed by identity (Enum's hash is Python code)
+
     READY = "ready"  # the gates passed (made with the machine); nothing asked or recorded yet
     ASKING = "asking"  # waiting for the approver
     BEGINNING = "beginning"  # the begin is sent
@@ -57,6 +59,8 @@ class State(enum.Enum):
 
 
 class Event(enum.Enum):
+    __hash__ = object.__hash__
+
     START = "start"
     APPROVED = "approved"
     DENIED = "denied"
@@ -90,6 +94,7 @@ TRANSITIONS: dict[tuple[State, Event], frozenset[State]] = {
     (S.GIVING_BACK, E.GIVEN_BACK): frozenset({S.DONE}),
 }
 del S, E
+_ALLOWED = frozenset((state, event, to) for (state, event), targets in TRANSITIONS.items() for to in targets)
 
 
 class MachineError(RuntimeError):
@@ -238,7 +243,7 @@ class CallMachine:
             self._after = Refuse(refusal)
 
     def _go(self, event: Event, to: State) -> None:
-        if to not in TRANSITIONS.get((self.state, event), ()):
+        if (self.state, event, to) not in _ALLOWED:
             raise MachineError(f"{event.value} in state {self.state.value} cannot lead to {to.value}")
         self.state = to
 
