@@ -74,10 +74,28 @@ import builtins
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from types import FrameType, TracebackType
-from typing import Final, NamedTuple, TypeAlias
+from typing import Final, TypeAlias
 
+from .client_errors import (
+    CLIENT_ANSWERS_AFTER_RETRIES,
+    CLIENT_IN_DOUBT_ERRORS,
+    CLIENT_NOT_SENT_ERRORS,
+    CLIENT_RETRY_ERRORS,
+    CLIENT_TRANSPORT_WRAPPERS,
+    IN_DOUBT_ALONE,
+    NONE,
+    NOT_SENT,
+    RPC,
+    RPC_IN_DOUBT_STATUSES,
+    STRONG,
+    WEAK,
+    WRAPPER,
+    facts,
+    qualified,
+    rpc_status,
+)
 from .errors import EffectOutcomeUnknown
+from .retry_records import Budget, after_retries
 
 __all__ = [
     "CLIENT_ANSWERS_AFTER_RETRIES",
@@ -116,114 +134,6 @@ MAX_FRAMES: Final = 10_000
 """More traceback entries (and retry-history entries) than this to read for the clients' retry records:
 the records count as unreadable, the call is in doubt."""
 
-
-def _names(module: str, *classes: str) -> frozenset[str]:
-    return frozenset(f"{module}.{name}" for name in classes)
-
-
-# httpx, httpcore and the Stainless SDKs (openai, anthropic) rewrite __module__ of what they export to
-# the package name; their private defining module is listed too, for versions that do not.
-_HTTPX_IN_DOUBT = ("ReadTimeout", "WriteTimeout", "RemoteProtocolError", "ReadError", "WriteError")
-_HTTPX_NOT_SENT = ("ConnectError", "ConnectTimeout", "PoolTimeout")
-_SDK_WRAPPERS = ("APIConnectionError", "APITimeoutError")
-
-CLIENT_IN_DOUBT_ERRORS: Final[frozenset[str]] = (
-    _names("requests.exceptions", "ReadTimeout", "ChunkedEncodingError")
-    | _names("urllib3.exceptions", "ProtocolError", "ReadTimeoutError")
-    | _names("httpx", *_HTTPX_IN_DOUBT)
-    | _names("httpx._exceptions", *_HTTPX_IN_DOUBT)
-    | _names("httpcore", *_HTTPX_IN_DOUBT)
-    | _names("httpcore._exceptions", *_HTTPX_IN_DOUBT)
-    | _names(
-        "aiohttp.client_exceptions",
-        "ServerTimeoutError",
-        "ServerDisconnectedError",
-        "ClientPayloadError",
-        "SocketTimeoutError",
-        "ClientOSError",  # a socket error on an open connection (its subclass ClientConnectorError: a proof)
-    )
-    | _names("botocore.exceptions", "ReadTimeoutError", "ConnectionClosedError", "ResponseStreamingError")
-)
-"""Read-side timeouts and lost connections of the common clients: the request was (or may have been) sent."""
-
-CLIENT_NOT_SENT_ERRORS: Final[frozenset[str]] = (
-    _names("requests.exceptions", "ConnectTimeout")
-    | _names("urllib3.exceptions", "NewConnectionError", "ConnectTimeoutError", "NameResolutionError")
-    | _names("httpx", *_HTTPX_NOT_SENT)
-    | _names("httpx._exceptions", *_HTTPX_NOT_SENT)
-    | _names("httpcore", *_HTTPX_NOT_SENT)
-    | _names("httpcore._exceptions", *_HTTPX_NOT_SENT)
-    | _names(
-        "aiohttp.client_exceptions",
-        "ClientConnectorError",  # and its subclasses: DNS, SSL and certificate failures at connect
-        "ConnectionTimeoutError",  # aiohttp>=3.10; a subclass of ServerTimeoutError
-        "ServerFingerprintMismatch",
-    )
-    | _names("botocore.exceptions", "ConnectTimeoutError", "EndpointConnectionError")
-    | frozenset({"builtins.ConnectionRefusedError", "socket.gaierror", "ssl.SSLCertVerificationError"})
-)
-"""Errors that prove the request never left the client: no connection, no name, no TLS, no pooled slot."""
-
-CLIENT_TRANSPORT_WRAPPERS: Final[frozenset[str]] = (
-    _names("requests.exceptions", "ConnectionError")
-    | _names("openai", *_SDK_WRAPPERS)
-    | _names("openai._exceptions", *_SDK_WRAPPERS)
-    | _names("anthropic", *_SDK_WRAPPERS)
-    | _names("anthropic._exceptions", *_SDK_WRAPPERS)
-)
-"""Errors that wrap whatever went wrong in transit: in doubt unless their own chain holds a proof."""
-
-# How a client's record of its earlier tries is read (see "After retries" in the module doc).
-_BY_URLLIB3, _BY_TENACITY, _BY_SDK, _BY_RESPONSE = range(1, 5)
-_SDK_STATUS = ("APIStatusError",)
-
-_RETRY_ERRORS: Final[dict[str, int]] = {
-    "urllib3.exceptions.MaxRetryError": _BY_URLLIB3,
-    "tenacity.RetryError": _BY_TENACITY,
-    **dict.fromkeys(_names("openai", *_SDK_WRAPPERS), _BY_SDK),
-    **dict.fromkeys(_names("openai._exceptions", *_SDK_WRAPPERS), _BY_SDK),
-    **dict.fromkeys(_names("anthropic", *_SDK_WRAPPERS), _BY_SDK),
-    **dict.fromkeys(_names("anthropic._exceptions", *_SDK_WRAPPERS), _BY_SDK),
-}
-_ANSWERS_AFTER_RETRIES: Final[dict[str, int]] = {
-    "requests.exceptions.HTTPError": _BY_RESPONSE,
-    **dict.fromkeys(_names("openai", *_SDK_STATUS), _BY_SDK),
-    **dict.fromkeys(_names("openai._exceptions", *_SDK_STATUS), _BY_SDK),
-    **dict.fromkeys(_names("anthropic", *_SDK_STATUS), _BY_SDK),
-    **dict.fromkeys(_names("anthropic._exceptions", *_SDK_STATUS), _BY_SDK),
-}
-
-CLIENT_RETRY_ERRORS: Final[frozenset[str]] = frozenset(_RETRY_ERRORS)
-"""Errors raised when a client's own retries gave up: in doubt unless the client's record proves that no
-earlier try was sent (requests wraps every connection failure in a ``MaxRetryError``, retries or not)."""
-
-CLIENT_ANSWERS_AFTER_RETRIES: Final[frozenset[str]] = frozenset(_ANSWERS_AFTER_RETRIES)
-"""Answers that may come after retries: in doubt when the client's record shows an earlier try that may
-have been sent."""
-
-_URLLIB3_RETRY: Final = "urllib3.util.retry.Retry"
-_URLLIB3_INCREMENT: Final = ("urllib3.util.retry", "increment")  # the frame that raises after retries
-_SDK_CLIENTS: Final = frozenset({"openai._base_client", "anthropic._base_client"})
-_SDK_REQUEST: Final = frozenset({"request", "_request"})  # the frames that retry (newer, older SDKs)
-
-RPC_IN_DOUBT_STATUSES: Final[frozenset[str]] = frozenset({"DEADLINE_EXCEEDED", "UNAVAILABLE"})
-"""gRPC status names (``error.code().name``) that leave a call's effect in doubt."""
-
-_REASON_CARRIERS: Final = frozenset({"urllib3.exceptions.MaxRetryError"})
-
-# Python 3.10: asyncio's and concurrent.futures' TimeoutError are classes of their own (3.11 made them the
-# builtin). A rule that lists TimeoutError, with client recognition on, counts them as TimeoutError.
-_OLD_TIMEOUTS: Final = frozenset({"asyncio.exceptions.TimeoutError", "concurrent.futures._base.TimeoutError"})
-
-# What one error says on its own.
-_NONE, _WEAK, _STRONG, _NOT_SENT, _WRAPPER, _RPC = range(6)
-_IN_DOUBT_ALONE: Final = frozenset({_WEAK, _STRONG, _WRAPPER})  # an error with nothing linked to it
-
-_KNOWN: Final[dict[str, int]] = {
-    **dict.fromkeys(CLIENT_IN_DOUBT_ERRORS, _STRONG),
-    **dict.fromkeys(CLIENT_NOT_SENT_ERRORS, _NOT_SENT),
-    **dict.fromkeys(CLIENT_TRANSPORT_WRAPPERS, _WRAPPER),
-}
 
 _BASE_GROUP: type[BaseException] | None = getattr(builtins, "BaseExceptionGroup", None)
 
@@ -298,82 +208,34 @@ def _rule_for_tuple(classes: tuple[type[BaseException], ...]) -> AmbiguityRule:
 # -- one error on its own ----------------------------------------------------------------------
 
 
-def _qualified(cls: type) -> str:
-    module = getattr(cls, "__module__", None)
-    qualname = getattr(cls, "__qualname__", None) or getattr(cls, "__name__", "?")
-    return f"{module}.{qualname}" if isinstance(module, str) else str(qualname)
-
-
-def _is_rpc_module(cls: type) -> bool:
-    module = getattr(cls, "__module__", None)
-    return isinstance(module, str) and (module == "grpc" or module.startswith("grpc."))
-
-
-class _Facts(NamedTuple):
-    """What the names in a class's MRO say, whatever the rule."""
-
-    kind: int  # of the most specific class found in the name tables (_NONE, _STRONG, ... _RPC)
-    old_timeout: bool  # Python 3.10's asyncio / concurrent.futures TimeoutError
-    group_shaped: bool  # a class named *ExceptionGroup (groups without the builtin, e.g. on 3.10)
-    carries_reason: bool  # urllib3's MaxRetryError: ``reason`` holds the error that decided
-    record: int  # how the client's record of earlier tries is read (0: it is not looked for)
-    after_retries: bool  # raised when retries gave up: with no record to read, the call is in doubt
-
-
-def _facts_of(cls: type) -> _Facts:
-    names = [_qualified(klass) for klass in cls.__mro__]
-    kind = next((_KNOWN[name] for name in names if name in _KNOWN), _NONE)
-    if kind == _NONE and any(_is_rpc_module(klass) for klass in cls.__mro__):
-        kind = _RPC
-    retried = next((name for name in names if name in _RETRY_ERRORS or name in _ANSWERS_AFTER_RETRIES), None)
-    return _Facts(
-        kind=kind,
-        old_timeout=any(name in _OLD_TIMEOUTS for name in names),
-        group_shaped=any(getattr(klass, "__name__", "").endswith("ExceptionGroup") for klass in cls.__mro__),
-        carries_reason=any(name in _REASON_CARRIERS for name in names),
-        record=0 if retried is None else _RETRY_ERRORS.get(retried) or _ANSWERS_AFTER_RETRIES[retried],
-        after_retries=retried in _RETRY_ERRORS,
-    )
-
-
-# These depend only on the class: cached, and bounded (a class made on the fly is held until evicted).
-_facts: Callable[[type], _Facts] = lru_cache(maxsize=1024)(_facts_of)
-
-
-def _rpc_status(error: BaseException) -> str | None:
-    """The name of a gRPC error's status, asked defensively: ``code`` may be missing or raise."""
-    try:
-        code = getattr(error, "code", None)
-        status = code() if callable(code) else None
-    except Exception:
-        return None
-    name = getattr(status, "name", status)
-    return name.upper() if isinstance(name, str) else None
-
-
 def _classify(error: BaseException, rule: AmbiguityRule) -> tuple[int, str]:
     """What ``error`` says on its own, and why (for :func:`explain`)."""
     if rule._strong and isinstance(error, rule._strong):
-        return _STRONG, "its class is listed in ambiguous_errors"
+        return STRONG, "its class is listed in ambiguous_errors"
     if rule.known_clients:
-        kind = _facts(type(error)).kind
-        if kind == _STRONG:
-            return _STRONG, "a known client's read-side timeout or lost connection: the request was sent"
-        if kind == _NOT_SENT:
-            return _NOT_SENT, "proves the request never left"
-        if kind == _WRAPPER:
-            return _WRAPPER, "a client's connection failure, and nothing in its chain proves it never left"
-        if kind == _RPC:
-            status = _rpc_status(error)
+        kind = facts(type(error)).kind
+        if kind == STRONG:
+            return STRONG, "a known client's read-side timeout or lost connection: the request was sent"
+        if kind == NOT_SENT:
+            return NOT_SENT, "proves the request never left"
+        if kind == WRAPPER:
+            return WRAPPER, "a client's connection failure, and nothing in its chain proves it never left"
+        if kind == RPC:
+            status = rpc_status(error)
             if status in RPC_IN_DOUBT_STATUSES:
-                return _STRONG, f"a gRPC call that ended {status}"
+                return STRONG, f"a gRPC call that ended {status}"
     if rule._weak and isinstance(error, rule._weak):
-        return _WEAK, "its class is listed in ambiguous_errors"
-    if rule._timeouts and rule.known_clients and _facts(type(error)).old_timeout:
-        return _WEAK, "a TimeoutError (of asyncio or concurrent.futures), listed in ambiguous_errors"
+        return WEAK, "its class is listed in ambiguous_errors"
+    if rule._timeouts and rule.known_clients and facts(type(error)).old_timeout:
+        return WEAK, "a TimeoutError (of asyncio or concurrent.futures), listed in ambiguous_errors"
     if not isinstance(error, Exception):
-        return _WEAK, "not an Exception: the tool was interrupted or cancelled"
-    return _NONE, ""
+        return WEAK, "not an Exception: the tool was interrupted or cancelled"
+    return NONE, ""
+
+
+def _never_left(rule: AmbiguityRule) -> Callable[[BaseException], bool]:
+    """Whether an error proves, under ``rule``, that its request never left (for the retry records)."""
+    return lambda error: _classify(error, rule)[0] == NOT_SENT
 
 
 # -- the tree of errors ------------------------------------------------------------------------
@@ -382,7 +244,7 @@ def _classify(error: BaseException, rule: AmbiguityRule) -> tuple[int, str]:
 def _group_members(error: BaseException) -> tuple[BaseException, ...]:
     if _BASE_GROUP is not None and isinstance(error, _BASE_GROUP):
         members = getattr(error, "exceptions", ())
-    elif _facts(type(error)).group_shaped:
+    elif facts(type(error)).group_shaped:
         # Python 3.10, the exceptiongroup backport, and older anyio: recognised by shape, not imported
         try:
             members = getattr(error, "exceptions", ())
@@ -403,163 +265,11 @@ def _children(error: BaseException) -> list[tuple[BaseException, str]]:
         below.append((cause, ".__cause__"))
     if context is not None and context is not cause:
         below.append((context, ".__context__"))
-    if _facts(type(error)).carries_reason:
+    if facts(type(error)).carries_reason:
         reason = getattr(error, "reason", None)
         if isinstance(reason, BaseException) and reason is not cause and reason is not context:
             below.append((reason, ".reason"))
     return below
-
-
-@dataclass
-class _Budget:
-    left: int = MAX_ERRORS
-
-    def take(self) -> bool:
-        self.left -= 1
-        return self.left >= 0
-
-
-# -- a client's record of its earlier tries ----------------------------------------------------------
-# Each reader returns None when it finds no record, "" when the record proves that no earlier try was
-# sent, and otherwise why one may have been. Reading never calls into the client: attributes and the
-# locals of finished frames in the error's traceback only, each read guarded.
-
-_CLEAN: Final = ""
-_TOO_LONG: Final = "too many traceback entries to read for the client's record of its earlier tries"
-
-
-def _has_class(value: object, qualified: str) -> bool:
-    return any(_qualified(klass) == qualified for klass in type(value).__mro__)
-
-
-def _trace(error: BaseException, budget: _Budget) -> list[FrameType] | None:
-    """The frames of ``error``'s traceback, outermost first; None when the budget ran out."""
-    frames: list[FrameType] = []
-    tb = error.__traceback__
-    while isinstance(tb, TracebackType):
-        if not budget.take():
-            return None
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    return frames
-
-
-def _where(frame: FrameType) -> tuple[object, str]:
-    return frame.f_globals.get("__name__"), frame.f_code.co_name
-
-
-def _local(frame: FrameType, name: str) -> object:
-    try:
-        return frame.f_locals.get(name)
-    except Exception:  # a frame whose locals cannot be read: no record
-        return None
-
-
-def _urllib3_history(retry: object, rule: AmbiguityRule, budget: _Budget) -> str:
-    """What a urllib3 ``Retry``'s history says of the tries before it ("": all of them never left)."""
-    if not _has_class(retry, _URLLIB3_RETRY):
-        return "urllib3 retried, and its Retry (the record of the earlier tries) cannot be read"
-    try:
-        history = getattr(retry, "history", None)
-    except Exception:
-        history = None
-    if not isinstance(history, tuple):
-        return "urllib3 retried, and its Retry.history (the record of the earlier tries) cannot be read"
-    for entry in history:
-        if not budget.take():
-            return _TOO_LONG
-        try:
-            error, status = getattr(entry, "error", None), getattr(entry, "status", None)
-        except Exception:
-            return "urllib3 retried, and an entry of its Retry.history cannot be read"
-        if not isinstance(error, BaseException):
-            answered = f" (HTTP {status})" if isinstance(status, int) else ""
-            return f"urllib3 retried after an earlier try that was sent and answered{answered}"
-        if _classify(error, rule)[0] != _NOT_SENT:
-            name = _qualified(type(error))
-            return f"urllib3 retried after an earlier try that ended {name}: that request may have been sent"
-    return _CLEAN
-
-
-def _urllib3_record(error: BaseException, rule: AmbiguityRule, budget: _Budget) -> str | None:
-    """The ``Retry`` of each ``Retry.increment`` frame ``error`` was raised (or re-raised) through."""
-    frames = _trace(error, budget)
-    if frames is None:
-        return _TOO_LONG
-    found: str | None = None
-    for frame in frames:
-        if _where(frame) == _URLLIB3_INCREMENT:
-            verdict = _urllib3_history(_local(frame, "self"), rule, budget)
-            if verdict:
-                return verdict
-            found = _CLEAN
-    return found
-
-
-def _response_record(error: BaseException, rule: AmbiguityRule, budget: _Budget) -> str | None:
-    """requests' ``HTTPError``: the ``Retry`` urllib3 gave the response (``response.raw.retries``)."""
-    try:
-        retry = getattr(getattr(getattr(error, "response", None), "raw", None), "retries", None)
-    except Exception:
-        return "the response's record of urllib3's retries cannot be read"
-    if retry is None or not _has_class(retry, _URLLIB3_RETRY):
-        return None  # not a response urllib3 made: nothing says it retried
-    return _urllib3_history(retry, rule, budget)
-
-
-def _tenacity_record(error: BaseException) -> str:
-    """tenacity keeps the last attempt only: the record is clean when that attempt was the first one
-    and it raised (its error, the ``__cause__``, is judged with the rest of the chain)."""
-    try:
-        number = getattr(getattr(error, "last_attempt", None), "attempt_number", None)
-    except Exception:
-        number = None
-    if type(number) is not int:
-        return "tenacity gave up retrying, and its RetryError says nothing of the earlier attempts"
-    if number > 1:
-        return f"tenacity gave up after {number} attempts and keeps the last one's error only"
-    if error.__cause__ is None:
-        return "tenacity gave up on an attempt that returned: it ran to the end"
-    return _CLEAN
-
-
-def _sdk_record(error: BaseException, budget: _Budget) -> str | None:
-    """The OpenAI and Anthropic SDKs: ``retries_taken`` in the request frame that raised ``error``."""
-    frames = _trace(error, budget)
-    if frames is None:
-        return _TOO_LONG
-    if not frames:
-        return None
-    module, function = _where(frames[-1])
-    if module not in _SDK_CLIENTS or function not in _SDK_REQUEST:
-        return None
-    taken = _local(frames[-1], "retries_taken")
-    if type(taken) is not int:
-        return "the SDK retries, and its count of retries taken cannot be read"
-    if taken > 0:
-        return f"the SDK retried {taken} time(s) before raising: an earlier try may have been sent"
-    return _CLEAN
-
-
-def _after_retries(error: BaseException, kind: int, rule: AmbiguityRule, budget: _Budget) -> str | None:
-    """Why ``error`` may come after a retry whose earlier try was sent (None: nothing says so)."""
-    facts = _facts(type(error))
-    record: str | None
-    if facts.record == _BY_URLLIB3 or (kind == _NOT_SENT and error.__traceback__ is not None):
-        record = _urllib3_record(error, rule, budget)
-    elif facts.record == _BY_TENACITY:
-        record = _tenacity_record(error)
-    elif facts.record == _BY_SDK:
-        record = _sdk_record(error, budget)
-    elif facts.record == _BY_RESPONSE:
-        record = _response_record(error, rule, budget)
-    else:
-        return None
-    if record:
-        return record
-    if record is None and facts.after_retries:
-        return "raised when a client's retries gave up, and no record of its earlier tries can be read"
-    return None
 
 
 @dataclass(frozen=True)
@@ -571,7 +281,7 @@ class _Finding:
     inspected: int
 
 
-def _holds_proof(error: BaseException, rule: AmbiguityRule, budget: _Budget) -> bool:
+def _holds_proof(error: BaseException, rule: AmbiguityRule, budget: Budget) -> bool:
     """Whether the chain below ``error`` holds an error proving the request never left."""
     stack = [child for child, _ in _children(error)]
     seen = {id(error)}
@@ -582,7 +292,7 @@ def _holds_proof(error: BaseException, rule: AmbiguityRule, budget: _Budget) -> 
         seen.add(id(current))
         if not budget.take():
             return False  # not inspected to the end: no proof
-        if _classify(current, rule)[0] == _NOT_SENT:
+        if _classify(current, rule)[0] == NOT_SENT:
             return True
         stack.extend(child for child, _ in reversed(_children(current)))
     return False
@@ -600,9 +310,9 @@ def _render(labels: list[str], parents: list[int], index: int) -> str:
 
 
 def _analyse(error: BaseException, rule: AmbiguityRule) -> _Finding:
-    budget = _Budget()
-    proof_budget = _Budget()  # shared by every wrapper's search; spent: the wrapper finds no proof
-    frame_budget = _Budget(MAX_FRAMES)  # shared by the reads of the clients' retry records
+    budget = Budget(MAX_ERRORS)
+    proof_budget = Budget(MAX_ERRORS)  # shared by every wrapper's search; spent: the wrapper finds no proof
+    frame_budget = Budget(MAX_FRAMES)  # shared by the reads of the clients' retry records
     labels: list[str] = []
     parents: list[int] = []
     seen_open: set[int] = set()  # reached with no proof above
@@ -623,24 +333,24 @@ def _analyse(error: BaseException, rule: AmbiguityRule) -> _Finding:
         labels.append(label)
         parents.append(parent)
         kind, why = _classify(current, rule)
-        decided = kind == _STRONG or (kind == _WEAK and not covered)
-        if kind == _WRAPPER:
+        decided = kind == STRONG or (kind == WEAK and not covered)
+        if kind == WRAPPER:
             decided = not (rule.follow_chains and _holds_proof(current, rule, proof_budget))
             if not rule.follow_chains:
                 why = "a client's connection failure, and its chain is not looked at (follow_chains=False)"
         if not decided and rule.known_clients:
             # after retries: no proof vouches for the earlier tries, above or below
-            retried = _after_retries(current, kind, rule, frame_budget)
+            retried = after_retries(current, kind, _never_left(rule), frame_budget)
             if retried is not None:
                 decided, why = True, retried
         if decided:
-            if kind == _WEAK and index > 0:
+            if kind == WEAK and index > 0:
                 why += ", and no error above it proves the request never left"
             return _Finding(True, current, _render(labels, parents, index), why, len(labels))
-        if kind == _NOT_SENT and first_proof is None:
+        if kind == NOT_SENT and first_proof is None:
             first_proof = (current, index)
         if rule.follow_chains:
-            below_covered = covered or kind == _NOT_SENT
+            below_covered = covered or kind == NOT_SENT
             for child, step in reversed(_children(current)):
                 stack.append((child, index, step, below_covered))
     if first_proof is not None:
@@ -663,11 +373,11 @@ def is_ambiguous(error: BaseException, rule: AmbiguousErrors = DEFAULT_RULE) -> 
         return True
     if error.__cause__ is None and error.__context__ is None and not _children(error):
         kind = _classify(error, resolved)[0]  # a lone error: no walk
-        if kind in _IN_DOUBT_ALONE:
+        if kind in IN_DOUBT_ALONE:
             return True
         if not resolved.known_clients:
             return False
-        return _after_retries(error, kind, resolved, _Budget(MAX_FRAMES)) is not None
+        return after_retries(error, kind, _never_left(resolved), Budget(MAX_FRAMES)) is not None
     return _analyse(error, resolved).ambiguous
 
 
@@ -681,7 +391,7 @@ def explain(error: BaseException, rule: AmbiguousErrors = DEFAULT_RULE) -> str:
         count = finding.inspected
         errors = "error" if count == 1 else "errors"
         return f"released: none of the {count} {errors} inspected leaves the effect in doubt"
-    name = _qualified(type(finding.error))
+    name = qualified(type(finding.error))
     if finding.ambiguous:
         return f"in doubt: {name} at {finding.path}: {finding.why}"
     return f"released: {name} at {finding.path} {finding.why}; nothing else leaves the effect in doubt"
