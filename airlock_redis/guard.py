@@ -34,6 +34,7 @@ from .observability import GuardObserver
 from .reporting import Reporter
 from .stores.base import DurableEffectStore, EffectStore, RemoteEffectStore
 from .stores.memory import InMemoryEffectStore
+from .stores.registry import store_from_url
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -61,12 +62,14 @@ def _name_of(fn: Callable[..., Any]) -> str:
 class EffectGuard:
     """Runs each side-effecting tool call at most once, keyed on the host's tool_call_id.
 
-    ``store`` holds the records (a new :class:`InMemoryEffectStore` when None: one process only).
+    ``store`` holds the records: a store, or a store URL (``"redis://localhost:6379/0"``,
+    ``"memory://"``; see :func:`~airlock_redis.stores.registry.store_from_url`); a new
+    :class:`InMemoryEffectStore` when None (one process only).
     """
 
     def __init__(
         self,
-        store: EffectStore | None = None,
+        store: EffectStore | str | None = None,
         *,
         require_tool_call_id: bool = True,
         require_approval_for_irreversible: bool = False,
@@ -82,6 +85,8 @@ class EffectGuard:
         ambiguity = AmbiguityRule.of(ambiguous_errors)  # TypeError unless exception classes or a rule
         if max_result_bytes <= 0:
             raise ValueError("max_result_bytes must be positive")
+        if isinstance(store, str):
+            store = store_from_url(store)
         self.store: EffectStore = store if store is not None else InMemoryEffectStore()
         self.options = GuardOptions(
             require_tool_call_id=bool(require_tool_call_id),

@@ -20,6 +20,7 @@ from ..embedded import EmbeddedRedis, find_redis_server, free_port
 from ..redaction import redact, without_password
 from ..stores.keys import DEFAULT_NAMESPACE, check_namespace
 from ..stores.redis_store import RedisEffectStore
+from ..stores.registry import scheme_of, store_from_url
 from ..stores.url import CONNECT_ERRORS, RedisURL, SyncClient, describe_url, parse_url, sync_client
 
 URL_ENV = "AIRLOCK_REDIS_URL"
@@ -222,11 +223,21 @@ def open_store(args: argparse.Namespace) -> Iterator[RedisEffectStore]:
     A URL the store does not take, and a Redis it cannot use (see :func:`usable_problem`), end the
     command with one line and exit 2."""
     url = operator_url(args)
+    if scheme_of(url) == "memory":
+        _give_up(
+            EXIT_USAGE,
+            "memory:// records live inside the process that made them: read them there "
+            "(guard.store.get(tool_call_id)); the operator commands read a Redis (--url redis://...)",
+        )
     try:
-        parsed = parse_url(url)
-        store = RedisEffectStore(url, namespace=args.namespace)
+        store = store_from_url(url, namespace=args.namespace)
     except ValueError as exc:
         _give_up(EXIT_USAGE, redact(str(exc)))
+    if not isinstance(store, RedisEffectStore):  # a scheme registered for another kind of store
+        _give_up(
+            EXIT_USAGE, f"the operator commands read a Redis; {redact(url)} opens a {type(store).__name__}"
+        )
+    parsed = parse_url(url)  # the store took it
     try:
         try:
             client = store.client  # a cluster client connects here; the others on first use
