@@ -3,6 +3,26 @@
 Start with :class:`EffectGuard` on a :class:`RedisEffectStore`, ``guard.wrap`` your tools, and carry
 the model's tool call id with :func:`tool_call_context` (or pass it by hand: ``guard.call``).
 
+Public names (``__all__``): what tool authors and operators use, by what they use it for.
+
+- Guarding tools: ``EffectGuard``, ``RedisEffectStore``, ``InMemoryEffectStore``, ``EffectStore``
+  (the type of any store), ``tool_call_context``, ``CallContext``, ``current_call_context``,
+  ``current_idempotency_key``, ``reversibility``, ``reversibility_of``, ``Reversibility``,
+  ``GuardedCall`` and ``Execution`` (what ``guard.execute`` takes and returns), ``Airlock``,
+  ``SecurityPolicy``, ``Approver``, ``ApprovalRequest``.
+- Errors that leave a call in doubt: ``DEFAULT_AMBIGUOUS_ERRORS``, ``AmbiguityRule``, ``Settlement``,
+  ``EffectOutcomeUnknown``, ``is_ambiguous``, ``explain``.
+- Refusals (catch ``EffectRefused``; each reason has its subclass): ``EffectRefused``,
+  ``EffectStatusUnknown``, ``EffectPolicyViolation``, ``ToolCallIdRequired``, ``TargetArgsRequired``,
+  ``ApprovalDenied``, ``StoreUnavailable``, ``ResultNotStored``, ``RecordCorrupt``,
+  ``REFUSAL_REASONS``, ``RefusalReason``.
+- Other errors: ``StoreError``, ``InvalidToolCallId``, ``CanonicalizationError``.
+- Operating: ``Record``, ``Status``, ``TransitionResult`` (what ``guard.resolve`` answers),
+  ``idempotency_key``, ``canonical_arguments``, ``__version__``.
+
+Writing a store of your own: the types only a store takes and answers (``BeginRequest``,
+``BeginOutcome``, ``BeginKind``, and the optional store protocols) are in :mod:`airlock_redis.stores`.
+
 The names below are values, not classes or functions, so they are described here:
 
 - ``DEFAULT_AMBIGUOUS_ERRORS``: the exception classes that leave a call ``unknown`` by default
@@ -14,13 +34,14 @@ The names below are values, not classes or functions, so they are described here
   :class:`ApprovalRequest` and returns (or awaits to) True to let the call run.
 - ``Airlock``, ``SecurityPolicy``: agent_airlock's classes with the guard inside (the ``airlock``
   extra); loaded on first use.
-- ``__version__``: this package's version.
+- ``__version__``: this package's version (``airlock_redis._version``, which any module may import).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .approval import ApprovalRequest, Approver
 from .attempts import Execution
 from .context import CallContext, current_call_context, current_idempotency_key, tool_call_context
@@ -45,7 +66,7 @@ from .core.errors import (
 )
 from .core.gates import GuardedCall
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS
-from .core.records import BeginKind, BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from .core.records import Record, Settlement, Status, TransitionResult
 from .core.reversibility import Reversibility, reversibility, reversibility_of
 from .guard import EffectGuard
 from .stores.base import EffectStore
@@ -54,8 +75,6 @@ from .stores.redis_store import RedisEffectStore
 
 if TYPE_CHECKING:
     from .airlock import Airlock, SecurityPolicy
-
-__version__ = "0.1.0"
 
 _AIRLOCK_NAMES = ("Airlock", "SecurityPolicy")
 
@@ -77,9 +96,6 @@ __all__ = [
     "ApprovalDenied",
     "ApprovalRequest",
     "Approver",
-    "BeginKind",
-    "BeginOutcome",
-    "BeginRequest",
     "CallContext",
     "CanonicalizationError",
     "EffectGuard",

@@ -29,6 +29,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal, Protocol
 
+from ._version import __version__
+
 EventName = Literal["started", "committed", "replayed", "refused", "unknown", "released", "resolved"]
 EVENT_LOGGER = "airlock_redis.events"
 
@@ -87,11 +89,9 @@ def _default_meter(meter_provider: Any | None) -> Any | None:
         from opentelemetry import metrics
     except ImportError:
         return None
-    from . import __version__ as version
-
     if meter_provider is not None:
-        return meter_provider.get_meter("airlock_redis", version)
-    return metrics.get_meter("airlock_redis", version)
+        return meter_provider.get_meter("airlock_redis", __version__)
+    return metrics.get_meter("airlock_redis", __version__)
 
 
 class Observer:

@@ -13,8 +13,6 @@ from typing import Any, TypeVar
 import pytest
 
 from airlock_redis import (
-    BeginOutcome,
-    BeginRequest,
     EffectGuard,
     EffectStatusUnknown,
     EffectStore,
@@ -25,6 +23,7 @@ from airlock_redis import (
     tool_call_context,
 )
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import BeginOutcome, BeginRequest
 
 T = TypeVar("T")
 

@@ -8,8 +8,6 @@ from typing import Any
 import pytest
 
 from airlock_redis import (
-    BeginOutcome,
-    BeginRequest,
     EffectGuard,
     EffectRefused,
     EffectStore,
@@ -20,6 +18,7 @@ from airlock_redis import (
     TransitionResult,
     tool_call_context,
 )
+from airlock_redis.stores import BeginOutcome, BeginRequest
 from tests.tools import Counted, make_tool
 
 

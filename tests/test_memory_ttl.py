@@ -13,8 +13,6 @@ from typing import Any
 import pytest
 
 from airlock_redis import (
-    BeginKind,
-    BeginRequest,
     EffectGuard,
     EffectStatusUnknown,
     InMemoryEffectStore,
@@ -24,6 +22,7 @@ from airlock_redis import (
     idempotency_key,
     tool_call_context,
 )
+from airlock_redis.stores import BeginKind, BeginRequest
 
 # Far apart, so a TTL tells which status set it.
 COMMITTED_S, PENDING_S, UNKNOWN_S = 100.0, 250.0, 400.0

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import redis
 
-from airlock_redis import BeginRequest, RedisEffectStore, Status, idempotency_key
+from airlock_redis import RedisEffectStore, Status, idempotency_key
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import BeginRequest
 from tests.procs import (
     commits_key,
     outcomes_key,

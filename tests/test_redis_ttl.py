@@ -16,8 +16,6 @@ from typing import Any
 import pytest
 
 from airlock_redis import (
-    BeginKind,
-    BeginRequest,
     EffectGuard,
     EffectStatusUnknown,
     RedisEffectStore,
@@ -28,6 +26,7 @@ from airlock_redis import (
     tool_call_context,
 )
 from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores import BeginKind, BeginRequest
 
 # Far apart, so each status's PTTL range is its own: (ttl - SLACK, ttl].
 COMMITTED_S, PENDING_S, UNKNOWN_S = 4.0, 8.5, 13.25

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from airlock_redis import (
-    BeginRequest,
     EffectGuard,
     EffectOutcomeUnknown,
     EffectStore,
@@ -27,6 +26,7 @@ from airlock_redis import (
     idempotency_key,
     tool_call_context,
 )
+from airlock_redis.stores import BeginRequest
 from tests.tools import Counted, call_with_id, make_tool
 
 KINDS = ("sync", "async")

@@ -12,7 +12,6 @@ from typing import Any, TypeVar
 import pytest
 
 from airlock_redis import (
-    BeginRequest,
     EffectGuard,
     EffectRefused,
     EffectStore,
@@ -23,6 +22,7 @@ from airlock_redis import (
     tool_call_context,
 )
 from airlock_redis.effect_guard import reversibility as reversibility_from_mirror
+from airlock_redis.stores import BeginRequest
 
 F = TypeVar("F", bound=Callable[..., Any])
 

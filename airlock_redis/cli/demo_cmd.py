@@ -15,7 +15,8 @@ one DEL removes them. Each line is flushed as it is told, so a pipe shows the st
 ``--framework langchain`` / ``--framework openai-agents`` tells a shorter story with a real agent of
 that framework instead, in this one process: a scripted model (no network, no API key) asks for the
 tool calls, and the integration (``EffectGuardMiddleware`` / ``guard_tools``) guards them. The
-framework is imported only then; without it the command says which extra to install (exit 2).
+framework is imported only then; without it the command says which extra to install (exit 2). What
+both stories share (the execution counters, ``DEMO_TTL``, the clean-up) is in :mod:`.demo_common`.
 
 Exit codes: 0 the story went as the spec says; 1 it did not; 2 bad arguments (a URL the store does
 not take, a --namespace it does not take, a --framework that is not installed) or a Redis it cannot
@@ -36,26 +37,19 @@ import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 from ..core.errors import EffectRefused
 from ..core.reversibility import reversibility
 from ..loadgen.interrupts import sigint_deferred
-from ..stores.url import SyncClient, primary_clients, sync_client
 from .common import add_target_arguments, check_given_url, embedded_or_given
+from .demo_common import DEMO_TTL, FRAMEWORKS, backend_client, clean, count_execution, execution_count, say
 
-if TYPE_CHECKING:
-    pass
+__all__ = ["DEMO_TTL", "HELP", "TOOLS", "Step", "add_arguments", "run"]  # DEMO_TTL is demo_common's
 
 HELP = "narrate the lost-response story end to end against a Redis (embedded by default)"
 
-DEMO_TTL = 3600.0  # seconds: every key of a run (records and counters) expires within this
 TOOLS = ("charge", "read_balance")
-# --framework -> (the integration module under airlock_redis.integrations, its extra, its name)
-FRAMEWORKS: dict[str, tuple[str, str, str]] = {
-    "langchain": ("langchain", "langchain", "LangChain"),
-    "openai-agents": ("openai_agents", "openai-agents", "the OpenAI Agents SDK"),
-}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -112,43 +106,13 @@ def _scenario() -> list[Step]:
     ]  # fmt: skip
 
 
-def counter_key(namespace: str, tool: str) -> str:
-    """The backend's execution counter of ``tool``: the ``{...}`` hash tag (the run's namespace) puts
-    the counters of one run in one Cluster slot."""
-    return f"{namespace}:executions:{{{namespace}}}:{tool}"
-
-
-def _backend(url: str) -> SyncClient:
-    return sync_client(url, socket_timeout=10.0, socket_connect_timeout=10.0)
-
-
-# KEYS[1] - an execution counter; ARGV[1] - its TTL in seconds
-# returns the count: the INCR and its EXPIRE in one step, so no counter is ever left without a TTL
-_COUNT_SCRIPT = """
-local count = redis.call('INCR', KEYS[1])
-redis.call('EXPIRE', KEYS[1], ARGV[1])
-return count
-"""
-
-
-def count_execution(backend: SyncClient, namespace: str, tool: str) -> int:
-    """One real execution of ``tool`` in this run, counted by the stand-in backend."""
-    count = backend.eval(_COUNT_SCRIPT, 1, counter_key(namespace, tool), int(DEMO_TTL))
-    return int(cast("int", count))
-
-
-def _count(backend: SyncClient, namespace: str, tool: str) -> int:
-    value = backend.get(counter_key(namespace, tool))
-    return int(value) if value is not None else 0
-
-
 def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
     """Runs inside a replica process: build the guard and tools there, make one call."""
     from ..context import current_idempotency_key, tool_call_context
     from ..guard import EffectGuard
     from ..stores.redis_store import RedisEffectStore
 
-    backend = _backend(url)
+    backend = backend_client(url)
     store = RedisEffectStore(
         url, namespace=namespace, committed_ttl=DEMO_TTL, pending_ttl=DEMO_TTL, unknown_ttl=DEMO_TTL
     )
@@ -172,7 +136,7 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
         return 4200
 
     tools: dict[str, Callable[..., Any]] = {"charge": charge, "read_balance": read_balance}
-    before = _count(backend, namespace, step.tool)
+    before = execution_count(backend, namespace, step.tool)
     outcome: dict[str, Any] = {}
     with tool_call_context(step.tool_call_id, agent_id="agent-1"):
         try:
@@ -182,7 +146,7 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
             outcome = {"result": "lost", "value": "TimeoutError"}
         except EffectRefused as refused:
             outcome = {"result": f"refused:{refused.reason}", "value": refused.fix_hint}
-    after = _count(backend, namespace, step.tool)
+    after = execution_count(backend, namespace, step.tool)
     if outcome["result"] == "executed" and after == before:
         outcome["result"] = "replayed"
     outcome["ran"] = after - before
@@ -192,33 +156,18 @@ def _replica_step(url: str, namespace: str, step: Step) -> dict[str, Any]:
 
 
 def _clean(url: str, namespace: str, tools: Sequence[str] = TOOLS) -> dict[str, int]:
-    """The run's execution counts of ``tools``; then its keys are removed from every primary."""
-    backend = _backend(url)
-    try:
-        counts = {tool: _count(backend, namespace, tool) for tool in tools}
-        backend.delete(*(counter_key(namespace, tool) for tool in tools))  # one slot: one DEL
-        for _, node in primary_clients(backend):  # the records live in many slots, on every primary
-            for key in node.scan_iter(match=f"{namespace}:*", count=1000):
-                node.unlink(key)
-    finally:
-        backend.close()
-    return counts
-
-
-def _say(text: str = "") -> None:
-    """One line at a time, also into a pipe; line and newline in one write, so that a Ctrl-C between
-    two writes cannot leave a line without its end (and ``interrupted`` glued to it)."""
-    sys.stdout.write(f"{text}\n")
-    sys.stdout.flush()
+    """The run's execution counts of ``tools``; then its keys are removed from every primary. The one
+    clean-up of both stories: ``--framework`` gets it handed (see :func:`run`)."""
+    return clean(url, namespace, tools)
 
 
 def _print_table(rows: list[list[str]]) -> None:
     headers = ["#", "replica", "tool_call_id", "call", "what happened", "tool ran", "ok"]
     widths = [max(len(headers[i]), *(len(r[i]) for r in rows)) for i in range(len(headers))]
-    _say("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    _say("  ".join("-" * w for w in widths))
+    say("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    say("  ".join("-" * w for w in widths))
     for row in rows:
-        _say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        say("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
 
 
 def _tell(url: str, namespace: str, *, private: bool = False) -> tuple[list[list[str]], int]:
@@ -252,11 +201,11 @@ def _tell(url: str, namespace: str, *, private: bool = False) -> tuple[list[list
                     verdict,
                 ]
             )
-            _say(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
+            say(f"{number}. [{step.replica}] {step.story}: {outcome['result']}")
             if outcome["result"].startswith("refused"):
-                _say(f"   hint: {outcome['value']}")
+                say(f"   hint: {outcome['value']}")
                 if private:
-                    _say("   (this demo's private redis-server, and the URL above, are gone once it ends)")
+                    say("   (this demo's private redis-server, and the URL above, are gone once it ends)")
     finally:  # on Ctrl-C too: a replica finishes its step (it never sees SIGINT), then the keys go
         for pool in replicas.values():
             pool.shutdown(cancel_futures=True)
@@ -267,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.framework is not None:
         from .demo_frameworks import run_framework  # the frameworks are imported only when asked for
 
-        return run_framework(args)
+        return run_framework(args, clean=_clean)
     namespace = f"{args.namespace}:demo:{secrets.token_hex(4)}"
     problem = check_given_url(args.url, namespace=namespace)
     if problem is not None:
@@ -275,19 +224,19 @@ def run(args: argparse.Namespace) -> int:
         return 2
     with embedded_or_given(args.url) as target:
         try:
-            _say(f"Redis: {target.description}")
-            _say("Two replicas of an agent host (separate processes) share only this Redis.\n")
+            say(f"Redis: {target.description}")
+            say("Two replicas of an agent host (separate processes) share only this Redis.\n")
             rows, failures = _tell(target.url, namespace, private=not args.url)
-            _say()
+            say()
             _print_table(rows)
         finally:  # also when the run ends early: its keys go now, not when their TTL runs out
             counts = _clean(target.url, namespace)
-    _say(
+    say(
         f"\nexecutions: charge {counts['charge']} (2 distinct calls), "
         f"read_balance {counts['read_balance']} (1 call, reversible, retried once)"
     )
     if failures or counts["charge"] != 2:
         print(f"DEMO FAILED: {failures} step(s) did not behave as the spec says", file=sys.stderr)
         return 1
-    _say("every irreversible call ran at most once.")
+    say("every irreversible call ran at most once.")
     return 0

@@ -1,7 +1,7 @@
 """``airlock-redis demo --framework``: the story told by one agent of a real framework (LangChain or
 the OpenAI Agents SDK), guarded by its integration, with a scripted model (no network, no API key).
-The framework is imported only here, and only when asked for; see :mod:`.demo_cmd` for the rest of
-the demo (its keys, counters, TTLs and clean-up, which this part shares)."""
+The framework is imported only here, and only when asked for; see :mod:`.demo_common` for what this
+part shares with the rest of the demo (:mod:`.demo_cmd`): its keys, counters, TTLs and clean-up."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import argparse
 import importlib
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -18,8 +18,9 @@ from ..core.records import Status
 from ..core.reversibility import reversibility
 from ..integrations._common import install_hint
 from ..stores.url import SyncClient
-from . import demo_cmd
+from . import demo_common
 from .common import check_given_url, embedded_or_given
+from .demo_common import DEMO_TTL, FRAMEWORKS, backend_client, count_execution, execution_count, say
 
 if TYPE_CHECKING:
     from ..guard import EffectGuard
@@ -67,7 +68,7 @@ def framework_tools(backend: SyncClient, namespace: str, times_out: set[str]) ->
     in Redis; a tool named in ``times_out`` acts, then loses its answer (TimeoutError) once."""
 
     def execute(tool: str) -> None:
-        demo_cmd.count_execution(backend, namespace, tool)
+        count_execution(backend, namespace, tool)
         if tool in times_out:
             times_out.discard(tool)
             raise TimeoutError(f"{tool}: the answer was lost")
@@ -218,7 +219,7 @@ HOSTS: dict[str, Callable[[EffectGuard, list[Callable[..., str]]], AgentHost]] =
 
 def framework_problem(framework: str) -> str | None:
     """None when the framework's integration imports; else one line naming the extra to install."""
-    module, extra, name = demo_cmd.FRAMEWORKS[framework]
+    module, extra, name = FRAMEWORKS[framework]
     try:
         importlib.import_module(f"airlock_redis.integrations.{module}")
     except ImportError:
@@ -235,9 +236,9 @@ class _Story:
 
     def runs(self, tool: str, step: Callable[[], AgentTurn]) -> tuple[AgentTurn, int]:
         """Take one step: what the agent run did, and how many times the tool really ran in it."""
-        before = demo_cmd._count(self.backend, self.namespace, tool)
+        before = execution_count(self.backend, self.namespace, tool)
         turn = step()
-        return turn, demo_cmd._count(self.backend, self.namespace, tool) - before
+        return turn, execution_count(self.backend, self.namespace, tool) - before
 
     def status(self, call: AgentCall) -> Status | None:
         record = self.store.get(call.tool_call_id)
@@ -248,7 +249,7 @@ class _Story:
             self.failures += 1
             ended = f"; the run ended with {turn.error}" if turn.error else ""
             text = f"{text}  <- NOT as the spec says{ended}"
-        demo_cmd._say(text)
+        say(text)
 
 
 def _tell_framework(story: _Story, times_out: set[str]) -> None:
@@ -300,8 +301,13 @@ def _tell_framework(story: _Story, times_out: set[str]) -> None:
     )
 
 
-def run_framework(args: argparse.Namespace) -> int:
-    """``demo --framework ...``: the story told by one agent of that framework, in this process."""
+def run_framework(
+    args: argparse.Namespace,
+    *,
+    clean: Callable[[str, str, Sequence[str]], dict[str, int]] = demo_common.clean,
+) -> int:
+    """``demo --framework ...``: the story told by one agent of that framework, in this process.
+    ``clean`` reads the run's execution counts and removes its keys (``demo`` passes its own)."""
     from ..guard import EffectGuard
     from ..stores.redis_store import RedisEffectStore
 
@@ -313,23 +319,21 @@ def run_framework(args: argparse.Namespace) -> int:
     failures = 0
     with embedded_or_given(args.url) as target:
         try:
-            demo_cmd._say(f"Redis: {target.description}")
-            backend = demo_cmd._backend(target.url)
+            say(f"Redis: {target.description}")
+            backend = backend_client(target.url)
             store = RedisEffectStore(
                 target.url,
                 namespace=namespace,
-                committed_ttl=demo_cmd.DEMO_TTL,
-                pending_ttl=demo_cmd.DEMO_TTL,
-                unknown_ttl=demo_cmd.DEMO_TTL,
+                committed_ttl=DEMO_TTL,
+                pending_ttl=DEMO_TTL,
+                unknown_ttl=DEMO_TTL,
             )
             try:
                 times_out: set[str] = set()
                 host = HOSTS[args.framework](
                     EffectGuard(store=store), framework_tools(backend, namespace, times_out)
                 )
-                demo_cmd._say(
-                    f"{host.description}; a scripted model (no network, no API key) asks for the calls.\n"
-                )
+                say(f"{host.description}; a scripted model (no network, no API key) asks for the calls.\n")
                 story = _Story(host, store, backend, namespace)
                 _tell_framework(story, times_out)
                 failures = story.failures
@@ -337,10 +341,10 @@ def run_framework(args: argparse.Namespace) -> int:
                 store.close()
                 backend.close()
         finally:  # also when the run ends early: its keys go now, not when their TTL runs out
-            counts = demo_cmd._clean(target.url, namespace, FRAMEWORK_TOOLS)
-    demo_cmd._say("\nexecutions: " + ", ".join(f"{tool} {counts[tool]}" for tool in FRAMEWORK_TOOLS))
+            counts = clean(target.url, namespace, FRAMEWORK_TOOLS)
+    say("\nexecutions: " + ", ".join(f"{tool} {counts[tool]}" for tool in FRAMEWORK_TOOLS))
     if failures or counts != FRAMEWORK_EXECUTIONS:
         print(f"DEMO FAILED: {failures} step(s) did not behave as the spec says", file=sys.stderr)
         return 1
-    demo_cmd._say("every irreversible call ran at most once.")
+    say("every irreversible call ran at most once.")
     return 0

@@ -6,7 +6,7 @@ Every refusal is an :class:`EffectRefused` with a machine-readable ``reason`` (o
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 RefusalReason = Literal[
     "effect_status_unknown",
@@ -87,10 +87,14 @@ class EffectRefused(Exception):
     - ``idempotency_key``: the sha256 of the tool and its canonical arguments, to ask the backend
       about (None when the refusal came before it was computed).
 
-    ``repr(error)`` shows the class, reason, tool, tool_call_id and message.
+    ``repr(error)`` shows the class, reason, tool, tool_call_id and message. A refusal survives
+    ``copy.copy`` and a pickle round trip (to another process) with its class and every attribute.
+
+    This class itself is abstract: raise one of its subclasses (``EffectRefused(...)`` raises
+    ``TypeError``).
     """
 
-    reason: RefusalReason
+    reason: RefusalReason  # set by each subclass
 
     def __init__(
         self,
@@ -101,6 +105,13 @@ class EffectRefused(Exception):
         idempotency_key: str | None = None,
         fix_hint: str = "",
     ) -> None:
+        reason = getattr(type(self), "reason", None)
+        if reason not in MODEL_MESSAGES:  # the abstract base, or a subclass without a known reason
+            has = "no reason" if reason is None else f"reason {reason!r}, which is not a refusal reason"
+            raise TypeError(
+                f"{type(self).__name__} has {has}, so it cannot be raised: raise the subclass for the "
+                f"reason instead ({', '.join(c.__name__ for c in _SUBCLASSES)})"
+            )
         super().__init__(message)
         self.message = message
         self.tool = tool
@@ -119,6 +130,17 @@ class EffectRefused(Exception):
             f"{type(self).__name__}(reason={self.reason!r}, tool={self.tool!r}, "
             f"tool_call_id={self.tool_call_id!r}, message={self.message!r})"
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # the keyword-only arguments are not in ``args``: Exception's own reduce would call
+        # ``cls(message)`` and fail, in copy.copy and in pickle alike
+        fields = {
+            "tool": self.tool,
+            "tool_call_id": self.tool_call_id,
+            "idempotency_key": self.idempotency_key,
+            "fix_hint": self.fix_hint,
+        }
+        return (_rebuild_refusal, (type(self), self.message, fields), self.__dict__)
 
     @property
     def model_message(self) -> str:
@@ -174,6 +196,23 @@ class RecordCorrupt(EffectRefused):
     """The stored record is damaged or failed verification; it is neither replayed nor re-run."""
 
     reason = "record_corrupt"
+
+
+_SUBCLASSES: tuple[type[EffectRefused], ...] = (
+    EffectStatusUnknown,
+    EffectPolicyViolation,
+    ToolCallIdRequired,
+    TargetArgsRequired,
+    ApprovalDenied,
+    StoreUnavailable,
+    ResultNotStored,
+    RecordCorrupt,
+)
+
+
+def _rebuild_refusal(cls: type[EffectRefused], message: str, fields: dict[str, Any]) -> EffectRefused:
+    """A refusal again, from what :meth:`EffectRefused.__reduce__` kept (for copy and pickle)."""
+    return cls(message, **fields)
 
 
 class StoreError(Exception):
