@@ -125,6 +125,7 @@ from .core.codec import return_annotation  # noqa: E402
 from .core.errors import ApprovalDenied, CanonicalizationError, EffectRefused, ToolCallIdRequired  # noqa: E402
 from .core.gates import GuardedCall, Plan, plan  # noqa: E402
 from .core.outcome import settlement_for_error  # noqa: E402
+from .core.records import Settlement  # noqa: E402
 from .core.reversibility import reversibility_of  # noqa: E402
 from .guard import EffectGuard  # noqa: E402
 
@@ -754,7 +755,7 @@ def _take_state(tool: str) -> _CallState | None:
 
 def _note_error(guard: EffectGuard, error: BaseException) -> None:
     settlement = settlement_for_error(error, guard.ambiguity)
-    _NOTE.set(_Note(audit={"effect": "unknown" if settlement.value == "unknown" else "released"}))
+    _NOTE.set(_Note(audit={"effect": "unknown" if settlement is Settlement.UNKNOWN else "released"}))
 
 
 def _explained(refusal: EffectRefused, state: _CallState) -> EffectRefused:

@@ -27,21 +27,21 @@ from typing import IO, Any
 
 from .core.codec import decode_result
 from .core.errors import ResultDecodingError, StoreError
-from .core.records import RELEASED, Status
+from .core.records import Status
 from .redaction import redact
 from .stores.keys import record_key, record_pattern, tool_call_id_of
-from .stores.layout import OLD_LAYOUT, LayoutError, fields_end, parse
+from .stores.layout import LayoutError, LayoutVersionError, fields_end, parse
 
 AUDIT_LOG_ENV = "AIRLOCK_REDIS_AUDIT_LOG"
 
 # What the operator commands send besides the store's own commands (stores.acl.required_commands():
 # resolve runs the store's resolve script, inspect reads like the store): list SCANs and reads the
-# head of each record (GETRANGE, STRLEN, PTTL), a record of an earlier release is a hash (TYPE, HMGET,
-# HSTRLEN), resolve appends to the audit stream and audit reads it. docs/security.md lists them.
-OPERATOR_COMMANDS: tuple[str, ...] = ("scan", "getrange", "strlen", "hstrlen", "xadd", "xrevrange")
-_HASH_FIELDS = ("status", "key", "tool", "owner", "attempt", "begun", "committed", "stored", "mac")
+# head of each record (GETRANGE, STRLEN, PTTL), resolve appends to the audit stream and audit reads
+# it. docs/security.md lists them.
+OPERATOR_COMMANDS: tuple[str, ...] = ("scan", "getrange", "strlen", "xadd", "xrevrange")
 _HEAD_BYTES = 512  # a listing reads this much of each record (more only when its fields are longer)
-_STATUSES = {s.value for s in Status}
+# the view of a key that holds a list, a hash, a set...: no record (as the store says it)
+_NOT_A_STRING = "the key holds another Redis type, not a string: not a record"
 
 # -- durations -----------------------------------------------------------------------------------
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -80,16 +80,6 @@ def _text(raw: Any) -> str | None:
     return str(raw)
 
 
-def _int(raw: Any) -> int | None:
-    text = _text(raw)
-    if text is None or text == "":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class RecordView:
     """A record as an operator sees it: every field optional, oddities listed in ``problems``."""
@@ -108,6 +98,9 @@ class RecordView:
     value_bytes: int | None
     value: bytes | None = field(default=None, repr=False)
     problems: tuple[str, ...] = ()
+    # a record of a layout version this airlock-redis does not know (written by a newer one): its
+    # version letter; every other field is then unknown
+    layout_version: str | None = None
 
     def age_ms(self, now_ms: int | None = None) -> int | None:
         if self.begun_ms is None:
@@ -148,45 +141,22 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def view_from_fields(tool_call_id: str, fields: Mapping[Any, Any], pttl: int | None) -> RecordView:
-    """Build a view from the fields of a hash: a record in the layout of an earlier release, which the
-    guard refuses as corrupt (an operator resolves it, or lets it expire)."""
-    data = {_text(k) or "": v for k, v in fields.items()}
-    problems: list[str] = [OLD_LAYOUT]
-    status = _text(data.get("status"))
-    if status is not None and status not in _STATUSES:
-        problems.append(f"unknown status {status!r}")
-    stored = _text(data.get("stored")) == "1"
-    raw_value = data.get("value")
-    value = raw_value if isinstance(raw_value, bytes) and stored else None
-    value_len = data.get("value_len")
-    value_bytes = _int(value_len) if value_len is not None else (len(value) if value is not None else None)
-    return RecordView(
-        tool_call_id=tool_call_id,
-        status=status,
-        tool=_text(data.get("tool")),
-        idempotency_key=_text(data.get("key")),
-        owner=_text(data.get("owner")),
-        attempt=_int(data.get("attempt")),
-        begun_ms=_int(data.get("begun")),
-        committed_ms=_int(data.get("committed")),
-        ttl_ms=pttl if pttl is not None and pttl >= 0 else None,
-        stored=stored,
-        has_mac=bool(data.get("mac")),
-        value_bytes=value_bytes if stored else None,
-        value=value,
-        problems=tuple(problems),
-    )
-
-
 def view_from_string(
     tool_call_id: str, data: bytes, pttl: int | None, *, total: int | None = None
 ) -> RecordView | None:
     """Build a view from a record's string (see stores.layout). ``total`` is the string's length when
     ``data`` stops where the value starts (a listing reads no value). None for a tombstone."""
-    ttl_ms = pttl if pttl is not None and pttl >= 0 else None
+    ttl_ms = _ttl(pttl) if pttl is not None else None
     try:
         record = parse(data)
+    except LayoutVersionError as exc:
+        return _damaged(
+            tool_call_id,
+            ttl_ms,
+            f"written by a newer airlock-redis (layout {exc.version}): upgrade airlock-redis on this "
+            "host to read or resolve it",
+            layout_version=exc.version,
+        )
     except LayoutError as exc:
         return _damaged(tool_call_id, ttl_ms, str(exc))
     if record.is_tombstone:
@@ -222,8 +192,10 @@ def view_from_string(
     )
 
 
-def _damaged(tool_call_id: str, ttl_ms: int | None, problem: str) -> RecordView:
-    """A key that holds no record: nothing but the problem to show."""
+def _damaged(
+    tool_call_id: str, ttl_ms: int | None, problem: str, *, layout_version: str | None = None
+) -> RecordView:
+    """A key that holds no record this airlock-redis can read: nothing but the problem to show."""
     return RecordView(
         tool_call_id=tool_call_id,
         status=None,
@@ -238,30 +210,16 @@ def _damaged(tool_call_id: str, ttl_ms: int | None, problem: str) -> RecordView:
         has_mac=False,
         value_bytes=None,
         problems=(problem,),
+        layout_version=layout_version,
     )
+
+
+def _ttl(pttl: int) -> int | None:
+    return pttl if pttl >= 0 else None
 
 
 def _is_wrongtype(reply: Any) -> bool:
     return isinstance(reply, Exception) and "WRONGTYPE" in str(reply)
-
-
-def _not_a_string(node: Any, tool_call_id: str, key: Any, pttl: int | None) -> RecordView | None:
-    """The view of a key that holds no string: a hash (an earlier release's record), or another type."""
-    pipe = node.pipeline(transaction=False)
-    pipe.type(key)
-    pipe.hmget(key, *_HASH_FIELDS)
-    pipe.hstrlen(key, "value")
-    kind, values, value_len = pipe.execute(raise_on_error=False)
-    kind = _text(kind)
-    if kind == "hash" and isinstance(values, list):
-        if all(v is None for v in values) or _is_tombstone(values[0]):
-            return None  # emptied since, or an earlier release's tombstone: no record
-        fields: dict[str, Any] = dict(zip(_HASH_FIELDS, values, strict=True))
-        fields["value_len"] = value_len
-        return view_from_fields(tool_call_id, fields, pttl)
-    if kind == "none":
-        return None
-    return _damaged(tool_call_id, pttl, f"the key holds a {kind}, not a record")
 
 
 def read_record(client: Any, namespace: str, tool_call_id: str) -> RecordView | None:
@@ -275,7 +233,7 @@ def read_record(client: Any, namespace: str, tool_call_id: str) -> RecordView | 
         if isinstance(pttl, Exception):
             raise pttl
         if _is_wrongtype(data):
-            return _not_a_string(client, tool_call_id, key, int(pttl))
+            return _damaged(tool_call_id, _ttl(int(pttl)), _NOT_A_STRING)
         if isinstance(data, Exception):
             raise data
     except Exception as exc:
@@ -283,11 +241,6 @@ def read_record(client: Any, namespace: str, tool_call_id: str) -> RecordView | 
     if data is None:
         return None
     return view_from_string(tool_call_id, data, int(pttl))
-
-
-def _is_tombstone(status: Any) -> bool:
-    """A released record's tombstone of an earlier release (see core.records.RELEASED): no record."""
-    return _text(status) == RELEASED
 
 
 # -- listing ---------------------------------------------------------------------------------------
@@ -410,8 +363,9 @@ def _read_views(node: Any, namespace: str, keys: Sequence[Any]) -> Iterator[Reco
         head, total, pttl = replies[3 * i : 3 * i + 3]
         if isinstance(pttl, Exception):
             raise pttl
+        view: RecordView | None
         if _is_wrongtype(head):
-            view = _not_a_string(node, tool_call_id, key, int(pttl))
+            view = _damaged(tool_call_id, _ttl(int(pttl)), _NOT_A_STRING)
         elif isinstance(head, Exception):
             raise head
         elif int(pttl) == -2:

@@ -8,9 +8,11 @@
 --   {"committed", n, value, mac}     an earlier attempt committed; value is absent when it was not storable
 --   {"pending", n} / {"unknown", n}  an earlier attempt is in doubt and the tool is not reversible
 --   {"mismatch", n, false, false, tool, key}  the id belongs to another tool or other arguments
---   {"corrupt", n, false, false, why}  the key holds no well-formed record (another type, a string that
---                                    does not parse, or a hash: a record of an earlier release):
---                                    nothing is changed and the caller must not run the tool
+--   {"corrupt", n, false, false, why}  the key holds no well-formed record (another Redis type, or a
+--                                    string that does not parse): nothing is changed and the caller
+--                                    must not run the tool
+--   {"corrupt", 0, false, false, why, version}  a record of a newer layout (version: its letter):
+--                                    likewise, and the caller says to upgrade
 --   {"released", 0}                  this attempt already gave the record back (a begin that arrived
 --                                    late, whatever the key holds now): nothing is written
 -- Safe to re-send: the same token finds itself the owner, answers "started" again, and writes again so
@@ -24,17 +26,13 @@ local now = digits_arg(ARGV[6], 15)
 -- Write this attempt's pending record over what the key holds: `before`, the record there (nil for none).
 -- Its released list stays, and so do a value, mac and commit time an operator's verdict left on it.
 local function start(attempt, before)
-  local r = fresh('pending', key, tool, token, attempt, before and before.released)
-  r.begun = now
+  local r = {status = 'pending', key = key, tool = tool, owner = token, attempt = attempt, begun = now}
   if before then
-    r.stored, r.value, r.mac, r.committed = before.stored, value_of(before), before.mac, before.committed
+    r.released, r.stored, r.value, r.mac, r.committed = before.released, before.stored, value_of(before),
+      before.mac, before.committed
   end
   write(record, r, pending_ttl)
   return {'started', attempt}
-end
-
-local function corrupt(attempt, why)
-  return {'corrupt', attempt, false, false, why}
 end
 
 local raw = redis.pcall('GET', record)
@@ -42,21 +40,14 @@ if not raw then
   return start(1, nil)
 end
 if type(raw) == 'table' then
-  if not string.find(tostring(raw.err), 'WRONGTYPE', 1, true) then
-    return raw  -- any other error (an ACL refusal): as it is
+  if string.find(tostring(raw.err), 'WRONGTYPE', 1, true) then
+    return {'corrupt', 0, false, false, NOT_A_STRING}
   end
-  local kind = kind_of(record)
-  if kind ~= 'hash' then
-    return corrupt(0, 'the key holds a ' .. kind .. ', not a record')
-  end
-  if redis.call('HMGET', record, 'status')[1] == RELEASED then
-    return start(1, nil)  -- an earlier release's tombstone: the call is free (no attempt of ours released it)
-  end
-  return corrupt(0, OLD_LAYOUT)
+  return raw  -- any other error (an ACL refusal): as it is
 end
-local r, why = parse(raw)
+local r, why, version = parse(raw)
 if not r then
-  return corrupt(0, why)
+  return {'corrupt', 0, false, false, why, version}
 end
 if released_by(r.released, token) then
   return {'released', 0}

@@ -8,8 +8,9 @@
 --         "recreated" (no record was left: the pending one expired or was given back while the tool ran;
 --                     the call ran, so it is written again, committed),
 --         "superseded" (another attempt or an operator owns the record, or the key holds a string that
---                     is not a record). A key of another type (a hash: an earlier release's record) is
---         an error (WRONGTYPE), as the GET below raises it.
+--                     is not a record of this layout: a damaged one, or one of a newer layout, which
+--                     stays as it is). A key of another Redis type is an error (WRONGTYPE), as the GET
+--                     below raises it.
 ends_a_call = true
 local record = KEYS[1]
 local token, stored, value, mac = ARGV[1], ARGV[2] == '1' and '1' or '0', ARGV[3], ARGV[4]
@@ -28,7 +29,8 @@ end
 local r = raw and parse(raw)
 if not raw or (r and r.status == RELEASED) then
   local released = r and r.released or ''
-  write_committed(fresh('committed', ARGV[7], ARGV[8], token, digits_arg(ARGV[9], 9), released))
+  write_committed({key = ARGV[7], tool = ARGV[8], owner = token, attempt = digits_arg(ARGV[9], 9),
+    released = released})
   return 'recreated'
 end
 if not r or r.owner ~= token then

@@ -8,10 +8,11 @@
 -- ARGV[9]  expected status ("" to skip)           ARGV[10] expected owner token, packed ("" to skip)
 -- Returns "ok" (done, or this verdict was already applied: a re-send), "missing" (no record),
 --         "mismatch" (the record's key is not the expected one), "changed" (the record's status or
---         owner is not the one shown: it moved on, e.g. the tool committed, and nothing is changed).
+--         owner is not the one shown: it moved on, e.g. the tool committed, and nothing is changed),
+--         {"newer", version} (a record of a newer layout: left as it is, for a host that reads it).
 -- A damaged record is still a record here, so that an operator can resolve it: a string that does not
--- parse (its status, key and owner unknown: only a verdict without those checks applies), or a hash, a
--- record of an earlier release, read field by field and written again in this layout.
+-- parse (its status, key and owner unknown: only a verdict without those checks applies). A key of
+-- another Redis type is an error (WRONGTYPE), and nothing is changed.
 ends_a_call = true
 local record = KEYS[1]
 local verdict, expect_key, operator = ARGV[1], ARGV[2], ARGV[3]
@@ -19,43 +20,18 @@ local expect_status, expect_owner = ARGV[9], ARGV[10]
 local ttl = ttl_arg(ARGV[7])
 local now = digits_arg(ARGV[8], 15)
 
--- The record of an earlier release (a hash), in this layout; nil for its tombstone.
-local function from_hash()
-  local f = redis.call('HMGET', record, 'status', 'key', 'tool', 'owner', 'attempt', 'begun', 'committed',
-    'stored', 'value', 'mac')
-  if f[1] == RELEASED then
-    return nil
-  end
-  local function number(raw, most)
-    if raw and #raw <= most and string.find(raw, '^%d+$') then
-      return raw
-    end
-    return ''
-  end
-  local r = fresh(nil, f[2] and pack_id(f[2], 64), f[3] or '', f[4] and pack_id(f[4], 32),
-    number(f[5], 9), '')
-  r.status = CODE_OF[f[1] or ''] and f[1] or nil
-  r.begun, r.committed, r.stored = number(f[6], 15), number(f[7], 15), f[8] == '1' and '1' or '0'
-  r.value, r.mac = f[9] or '', f[10] or ''
-  return r
-end
-
 local raw = redis.pcall('GET', record)
 if not raw then
   return 'missing'
 end
-local r
 if type(raw) == 'table' then
-  if not string.find(tostring(raw.err), 'WRONGTYPE', 1, true) or kind_of(record) ~= 'hash' then
-    return raw  -- an ACL refusal, or a key of another type: an error, and nothing is changed
-  end
-  r = from_hash()
-  if not r then
-    return 'missing'
-  end
-else
-  r = parse(raw) or fresh(nil, nil, '', nil, '', '')  -- a string that does not parse: all unknown
+  return raw  -- WRONGTYPE, or an ACL refusal: an error, and nothing is changed
 end
+local r, _, version = parse(raw)
+if version then
+  return {'newer', version}
+end
+r = r or {released = ''}  -- a string that does not parse: all unknown
 if r.owner == operator or released_by(r.released, operator) then
   return 'ok'  -- this verdict, sent again: it was applied (a release, even if a retry began since)
 end
@@ -72,7 +48,7 @@ if verdict == 'release' then
   bury(record, r.released, operator, ttl)
   return 'ok'
 end
-r.owner, r.key, r.attempt = operator, r.key or '', r.attempt ~= '' and r.attempt or 0
+r.owner, r.key, r.attempt = operator, r.key or '', r.attempt or 0
 if verdict == 'committed' then
   r.status, r.stored, r.value, r.mac, r.committed = 'committed', ARGV[4] == '1' and '1' or '0', ARGV[5],
     ARGV[6], now

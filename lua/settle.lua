@@ -4,9 +4,10 @@
 -- ARGV[4]  idempotency key (packed)    ARGV[5]  tool name    ARGV[6]  attempt number
 -- ARGV[7]  tombstone TTL ms
 -- Returns "ok" (done, or nothing left to do: a re-send), "superseded" (another owner, or the key holds a
---         string that is not a record), "missing" (release: there was no record; a tombstone now keeps a
---         late begin of this attempt out), "recreated" (unknown: there was no record; the call is written
---         again, unknown). A key of another type is an error (WRONGTYPE), as in commit.
+--         string that is not a record of this layout: a damaged one, or one of a newer layout, which
+--         stays as it is), "missing" (release: there was no record; a tombstone now keeps a late begin
+--         of this attempt out), "recreated" (unknown: there was no record; the call is written again,
+--         unknown). A key of another Redis type is an error (WRONGTYPE), as in commit.
 -- Release leaves a tombstone of the token rather than nothing (see common.lua). Only a pending record
 -- changes: a committed or unknown one is never released or marked here.
 ends_a_call = true
@@ -25,7 +26,8 @@ if not raw or (r and r.status == RELEASED and r.owner ~= token) then
     bury(record, released, token, tombstone_ttl)
     return 'missing'
   end
-  write(record, fresh('unknown', ARGV[4], ARGV[5], token, digits_arg(ARGV[6], 9), released), unknown_ttl)
+  write(record, {status = 'unknown', key = ARGV[4], tool = ARGV[5], owner = token,
+    attempt = digits_arg(ARGV[6], 9), released = released}, unknown_ttl)
   return 'recreated'
 end
 if not r or r.owner ~= token then

@@ -1,6 +1,6 @@
 """Bad input that the codec, id and outcome tests leave out: records damaged in Redis (not a string,
-a hash in an earlier release's layout, a header that does not parse, an unknown status, fields cut
-short, a malformed attempt or list of released tokens, a value cut off) and a result over the
+a header that does not parse, an unknown status, fields cut short, a malformed attempt or list of
+released tokens, a value cut off) and a result over the
 default size limit. Each is refused with a clear error; the tool never runs and the record is left for
 an operator.
 
@@ -94,21 +94,6 @@ def _damage(store: RedisEffectStore, tool_call_id: str, how: str) -> None:
         client.delete(key)
         client.rpush(key, b"\x00garbage")
         return
-    elif how == "a hash (an earlier release's layout)":
-        client.delete(key)
-        client.hset(
-            key,
-            mapping={
-                "status": "committed",
-                "key": record.key_text,
-                "tool": record.tool_text,
-                "owner": record.owner_text,
-                "attempt": str(record.attempt),
-                "stored": "1",
-                "value": record.value,
-            },
-        )
-        return
     elif how == "value cut off":
         assert record.stored and record.value
         damaged = data[: record.value_at]
@@ -127,7 +112,6 @@ DAMAGE = [
     "malformed attempt",
     "malformed released list",
     "not a string",
-    "a hash (an earlier release's layout)",
     "value cut off",
 ]
 
@@ -156,8 +140,6 @@ def test_a_damaged_record_is_refused_as_corrupt_and_the_tool_does_not_run(
 def _dump(store: RedisEffectStore, tool_call_id: str) -> Any:
     key = store.key(tool_call_id)
     kind = store.client.type(key)
-    if kind == b"hash":
-        return kind, store.client.hgetall(key)
     if kind == b"list":
         return kind, store.client.lrange(key, 0, -1)
     return kind, store.client.get(key)
@@ -183,7 +165,7 @@ def test_a_damaged_in_doubt_record_is_not_taken_over_by_a_reversible_tool(
     assert damaged[1:2] == status[:1].encode()
 
 
-@pytest.mark.parametrize("how", ["unknown status", "not a string", "a hash (an earlier release's layout)"])
+@pytest.mark.parametrize("how", ["unknown status", "not a string"])
 def test_reading_a_damaged_record_is_a_clear_error(redis_store: RedisEffectStore, how: str) -> None:
     runs: list[str] = []
     _call(_tools(redis_store, runs)["charge"], "call-1")

@@ -52,7 +52,7 @@ def test_a_single_server_with_aof_is_healthy(
     assert "result: ok (exit 0)" in out
     assert "AOF, appendfsync everysec" in out
     assert "unix socket" in out
-    assert "[  ok  ] permissions: the Redis user may run the 10 commands the store needs" in out
+    assert "[  ok  ] permissions: the Redis user may run the 8 commands the store needs" in out
 
 
 def test_no_persistence_is_a_warning(redis_server: EmbeddedRedis, capsys: pytest.CaptureFixture[str]) -> None:
@@ -206,7 +206,7 @@ def test_the_documented_tenant_user_passes_the_permissions_check(
     url = make_user(redis_server, acl_user, "~acme:{*", *STORE_RULES)
     code, out = run_doctor(capsys, "--url", url, "--namespace", "acme")
     assert code == 1 and "[unsafe]" not in out, out  # warnings only: INFO, CONFIG GET and TIME refused
-    assert "[  ok  ] permissions: the Redis user may run the 10 commands the store needs" in out, out
+    assert "[  ok  ] permissions: the Redis user may run the 8 commands the store needs" in out, out
     assert "refused, and optional: info, config|get" in out
     # SCRIPT LOAD refused too: the scripts are compiled with EVAL instead
     assert "[  ok  ] scripts: 4 scripts load" in out and "compiled with EVAL" in out, out

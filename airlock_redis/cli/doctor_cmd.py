@@ -273,8 +273,6 @@ _PROBES: dict[str, Callable[[bytes], tuple[Any, ...]]] = {
     "pttl": lambda key: ("PTTL", key),
     "evalsha": lambda key: ("EVALSHA", _NO_SUCH_SCRIPT, 1, key),
     "eval": lambda key: ("EVAL", "return 0", 1, key),
-    "type": lambda key: ("TYPE", key),
-    "hmget": lambda key: ("HMGET", key, "status"),
     "ping": lambda key: ("PING",),
     "del": lambda key: ("DEL", key),
     "pexpire": lambda key: ("PEXPIRE", key, 60_000),

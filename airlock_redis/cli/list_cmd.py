@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     header = f"{'STATUS':<10} {'TOOL':<20} {'ATTEMPT':>7} {'AGE':>8} {'TTL':>8}  TOOL_CALL_ID"
     print(header)
     for r in records:
-        status = r.status or "?"
+        status = r.status or ("newer" if r.layout_version else "?")  # newer: a newer airlock-redis's layout
         if r.problems:
             status += "!"
         attempt = str(r.attempt) if r.attempt is not None else "-"

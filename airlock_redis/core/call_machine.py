@@ -36,7 +36,7 @@ from .decision import Replay, Run, decide
 from .errors import CorruptRecordError, EffectRefused, ResultDecodingError, ResultEncodingError, StoreError
 from .gates import GuardedCall, GuardOptions, Plan, plan
 from .outcome import give_back, gives_back_after_failed_begin, settlement_for_error, settlement_for_return
-from .records import BeginOutcome, BeginRequest, Settlement
+from .records import BeginOutcome, BeginRequest, RecordVersionError, Settlement
 from .signing import Signer
 
 T = TypeVar("T")
@@ -368,6 +368,8 @@ class CallMachine:
         request = self.request
         assert request is not None
         tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
+        if isinstance(error, RecordVersionError):
+            return Refuse(refusals.record_from_a_newer_release(tool, tool_call_id, key, error.version), error)
         if isinstance(error, CorruptRecordError):
             return Refuse(refusals.record_corrupt(tool, tool_call_id, key, str(error)), error)
         return Refuse(

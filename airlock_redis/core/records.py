@@ -6,8 +6,26 @@ import enum
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .errors import CorruptRecordError
 
-class Status(str, enum.Enum):
+
+class Word(str, enum.Enum):
+    """The base of the stores' vocabularies: a member equals its text (``Status.UNKNOWN == "unknown"``,
+    and hashes as it), but never a member of another vocabulary: ``Settlement.UNKNOWN`` (how an attempt
+    leaves its record) is not ``Status.UNKNOWN`` (what a record holds)."""
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, enum.Enum):
+            return self is other
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = str.__hash__
+
+
+class Status(Word):
     """The status of one tool call's record."""
 
     PENDING = "pending"
@@ -15,7 +33,7 @@ class Status(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
-class BeginKind(str, enum.Enum):
+class BeginKind(Word):
     """What ``begin`` found (and did) for a call."""
 
     STARTED = "started"  # this attempt now owns the record and may run the tool
@@ -25,14 +43,14 @@ class BeginKind(str, enum.Enum):
     MISMATCH = "mismatch"  # the id was used for another tool or other arguments
 
 
-class Settlement(str, enum.Enum):
+class Settlement(Word):
     """How an attempt that did not commit leaves its record."""
 
     UNKNOWN = "unknown"  # the effect may have happened: keep the record, refuse re-runs
     RELEASE = "release"  # the effect did not happen: delete the record, the call may run again
 
 
-class TransitionResult(str, enum.Enum):
+class TransitionResult(Word):
     """The answer of commit, settle and resolve."""
 
     OK = "ok"
@@ -47,6 +65,10 @@ class TransitionResult(str, enum.Enum):
 # request of that attempt arriving late (a delayed begin, a client's re-send) writes nothing. To every
 # reader it is no record at all.
 RELEASED = "released"
+
+# The record layout version this airlock-redis reads and writes (the first byte of every record: see
+# airlock_redis/stores/layout.py).
+LAYOUT_VERSION = "a"
 
 
 class BeginRequest(NamedTuple):
@@ -91,3 +113,19 @@ class Record:
     committed_ms: int | None
     ttl_ms: int | None  # None: no expiry (or unknown)
     note: str | None = None
+
+
+class RecordVersionError(CorruptRecordError):
+    """The key holds a record in a layout version this airlock-redis does not know: one written by a
+    newer airlock-redis (see docs/store.md, "Record layout versions"). Refused like a corrupt record
+    (the tool does not run, nothing is written over it), with a message that says to upgrade.
+    ``version`` is the record's layout version letter."""
+
+    def __init__(self, version: str, tool_call_id: str | None = None) -> None:
+        self.version = version
+        which = "the record" if tool_call_id is None else f"the record of {tool_call_id!r}"
+        super().__init__(
+            f"{which} was written by a newer airlock-redis (record layout version {version!r}; this one "
+            f"reads version {LAYOUT_VERSION!r}): upgrade airlock-redis on this host. Nothing was run or "
+            "written; resolving it from a host that runs this version is refused too"
+        )

@@ -102,6 +102,23 @@ def record_corrupt(tool: str, tool_call_id: str, key: str, why: str) -> RecordCo
     )
 
 
+def record_from_a_newer_release(tool: str, tool_call_id: str, key: str, version: str) -> RecordCorrupt:
+    """A record in a layout this release does not read: refused as it is, and the fix is an upgrade
+    (resolving it from here is refused too, so the hint does not send anyone there)."""
+    return RecordCorrupt(
+        f"The stored record of tool_call_id {tool_call_id!r} ({tool!r}) was written by a newer "
+        f"airlock-redis (record layout version {version!r}), which this one cannot read. It is neither "
+        "replayed nor run again.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=(
+            "Do not retry from this host: upgrade airlock-redis on this host to the release the other hosts "
+            "run (docs/store.md, 'Record layout versions and upgrades'); the call replays there."
+        ),
+    )
+
+
 def store_unavailable(
     tool: str, tool_call_id: str, key: str, why: str, target: str | None = ""
 ) -> StoreUnavailable:

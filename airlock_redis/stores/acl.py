@@ -8,11 +8,11 @@ from __future__ import annotations
 
 # Sent by the store itself on the record keys: begin (SET NX, or the begin script), the transitions
 # (EVAL with the script's source, so that one that lands late still runs on an emptied script cache),
-# the replay read (GET and PTTL in one pipeline, TYPE and HMGET when the key holds no string).
-CLIENT_COMMANDS: tuple[str, ...] = ("get", "set", "pttl", "evalsha", "eval", "type", "hmget", "ping")
+# the replay read (GET and PTTL in one pipeline).
+CLIENT_COMMANDS: tuple[str, ...] = ("get", "set", "pttl", "evalsha", "eval", "ping")
 
 # Called from inside the Lua scripts: a user must be allowed these too (ACLs apply inside scripts).
-SCRIPT_COMMANDS: tuple[str, ...] = ("get", "set", "del", "pexpire", "type", "hmget")
+SCRIPT_COMMANDS: tuple[str, ...] = ("get", "set", "del", "pexpire")
 
 # Sent only with wait_replicas (WAITAOF only where every primary has an append-only file, 7.2+).
 DURABILITY_COMMANDS: tuple[str, ...] = ("wait", "waitaof")

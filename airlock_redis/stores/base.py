@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ..core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from ..core.verdicts import parse_verdict
 
 
 @runtime_checkable
@@ -101,16 +102,10 @@ class EffectStore(Protocol):
 
 
 def check_verdict(verdict: Status | Settlement) -> Status | Settlement:
-    """An operator resolves a record to committed, unknown or release; never back to pending.
-
-    Returns the verdict as the enum member the stores compare by identity (a plain "release" or
-    "committed" string would otherwise compare equal here and then fall through to "unknown").
-    """
-    if verdict not in (Status.COMMITTED, Status.UNKNOWN, Settlement.UNKNOWN, Settlement.RELEASE):
-        raise ValueError(f"resolve takes committed, unknown or release, not {verdict!r}")
-    if verdict == Settlement.RELEASE:
-        return Settlement.RELEASE
-    return Status.COMMITTED if verdict == Status.COMMITTED else Status.UNKNOWN
+    """An operator resolves a record to committed, unknown or release; never back to pending. The
+    verdict as the member the stores compare by identity (:func:`~airlock_redis.core.verdicts.parse_verdict`,
+    the one normalizer)."""
+    return parse_verdict(verdict)
 
 
 @runtime_checkable

@@ -32,7 +32,6 @@ from redis.exceptions import NoScriptError
 
 from ..core.errors import CorruptRecordError, StoreError
 from ..core.records import (
-    RELEASED,
     BeginKind,
     BeginOutcome,
     BeginRequest,
@@ -45,7 +44,7 @@ from ..redaction import redact, without_password
 from .base import check_verdict
 from .durability import ReplicaWait, aread_facts, on_primaries, read_facts
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
-from .layout import OLD_LAYOUT, pack_key, pack_pending, pack_token
+from .layout import pack_key, pack_pending, pack_token
 from .loop_steps import step as _step
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_bytes, script_source
@@ -76,6 +75,8 @@ _REDIS_FAILURES = (redis.RedisError, OSError)
 # Sent as EVAL with their source: they must run when they land, whatever the script cache holds.
 _ENDING = frozenset({"commit", "settle", "resolve"})
 _MAX_BULK = "proto-max-bulk-len"
+# a key that holds a list, a hash, a set...: refused as corrupt, never overwritten (as lua/begin.lua says)
+_NOT_A_STRING = "holds another Redis type, not a string: not a record"
 log = logging.getLogger("airlock_redis")
 
 
@@ -643,10 +644,8 @@ class RedisEffectStore:
             return pipe.execute(raise_on_error=False)
 
         data, pttl = self._guarded(read)
-        if isinstance(data, BaseException):  # no string: what does the key hold?
-            pipe = self.client.pipeline(transaction=False)
-            kind, status = self._guarded(lambda: _kind_and_status(pipe, key))
-            return _not_a_string(tool_call_id, data, kind, status)
+        if isinstance(data, BaseException):
+            raise _not_a_string(tool_call_id, data)
         return parse_record(tool_call_id, data, int(pttl))
 
     def ping(self) -> bool:
@@ -737,16 +736,7 @@ class RedisEffectStore:
 
         data, pttl = await self._aguarded(read)
         if isinstance(data, BaseException):
-
-            async def inspect() -> tuple[str, Any]:
-                pipe = self.async_client().pipeline(transaction=False)
-                pipe.type(key)
-                pipe.hmget(key, ["status"])
-                kind, fields = await pipe.execute(raise_on_error=False)
-                return _text(kind), fields[0] if isinstance(fields, list) else None
-
-            kind, status = await self._aguarded(inspect)
-            return _not_a_string(tool_call_id, data, kind, status)
+            raise _not_a_string(tool_call_id, data)
         return parse_record(tool_call_id, data, int(pttl))
 
     async def aclose(self) -> None:
@@ -824,28 +814,12 @@ def _decodes_responses(client: Any) -> bool:
     return bool(kwargs.get("decode_responses"))
 
 
-def _text(raw: Any) -> str:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _kind_and_status(pipe: Any, key: bytes) -> tuple[str, Any]:
-    """What a key that holds no string holds: its type, and its status field when it is a hash."""
-    pipe.type(key)
-    pipe.hmget(key, ["status"])
-    kind, fields = pipe.execute(raise_on_error=False)
-    return _text(kind), fields[0] if isinstance(fields, list) else None
-
-
-def _not_a_string(tool_call_id: str, error: BaseException, kind: str, status: Any) -> Record | None:
-    """``get`` of a key that holds no string: None for the tombstone of an earlier release (no record,
-    as begin takes it), else CorruptRecordError."""
-    if not (isinstance(error, redis.exceptions.ResponseError) and "WRONGTYPE" in str(error)):
-        raise _failure(error)
-    if kind == "hash":
-        if status == RELEASED.encode():
-            return None
-        raise CorruptRecordError(f"the record of {tool_call_id!r} is not a string: {OLD_LAYOUT}")
-    raise CorruptRecordError(f"the key of the record of {tool_call_id!r} holds a {kind}, not a string")
+def _not_a_string(tool_call_id: str, error: BaseException) -> StoreError:
+    """What ``get`` raises when the GET of the record failed: CorruptRecordError for a key that holds
+    another Redis type (WRONGTYPE), as the begin script refuses it; else the failure as it is."""
+    if isinstance(error, redis.exceptions.ResponseError) and "WRONGTYPE" in str(error):
+        return CorruptRecordError(f"the key of the record of {tool_call_id!r} {_NOT_A_STRING}")
+    return _failure(error)
 
 
 def _script_command(name: str, key: bytes, args: list[Any], with_source: bool = False) -> tuple[Any, ...]:
@@ -868,10 +842,7 @@ def _unexpected(exc: Exception) -> StoreError:
 def _failure(exc: BaseException, maybe_applied: bool | None = None) -> StoreError:
     message = f"Redis did not complete the operation: {type(exc).__name__}: {exc}"
     if isinstance(exc, redis.exceptions.ResponseError) and "WRONGTYPE" in str(exc):
-        return CorruptRecordError(
-            f"the key of the record holds no string: a hash is {OLD_LAYOUT}; any other type is no "
-            f"record ({exc})"
-        )
+        return CorruptRecordError(f"the key of the record {_NOT_A_STRING} ({exc})")
     if isinstance(exc, redis.exceptions.NoPermissionError):
         message += (
             " (the Redis user's ACL does not allow this key or command: check that the store's "

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import CorruptRecordError, StoreError
-from ..core.records import RELEASED, BeginKind, BeginOutcome, Record, TransitionResult
-from .layout import KEY_HEX, LayoutError, parse, unpack_id
+from ..core.records import RELEASED, BeginKind, BeginOutcome, Record, RecordVersionError, TransitionResult
+from .layout import KEY_HEX, LayoutError, LayoutVersionError, parse, unpack_id
 
 
 def _text(value: Any) -> str:
@@ -25,6 +25,8 @@ def parse_begin(reply: Any) -> BeginOutcome:
     if not isinstance(reply, list) or len(reply) < 2:
         raise StoreError(f"unexpected reply from the begin script: {reply!r}")
     if _text(reply[0]) == "corrupt":
+        if len(reply) > 5:  # a record of a newer layout: {"corrupt", 0, false, false, why, version}
+            raise RecordVersionError(_text(reply[5]))
         why = _text(reply[4]) if len(reply) > 4 else "the record is malformed"
         raise CorruptRecordError(why)
     if _text(reply[0]) == RELEASED:
@@ -55,9 +57,13 @@ _TRANSITIONS: dict[Any, TransitionResult] = {result.value.encode(): result for r
 
 
 def parse_transition(reply: Any) -> TransitionResult:
+    """A transition's result; RecordVersionError for resolve's ``{"newer", version}`` (a record of a
+    newer layout, left as it is)."""
     result = _TRANSITIONS.get(reply) if isinstance(reply, bytes) else None
     if result is not None:
         return result
+    if isinstance(reply, list) and len(reply) == 2 and _text(reply[0]) == "newer":
+        raise RecordVersionError(_text(reply[1]))
     try:
         return TransitionResult(_text(reply))  # a client that decodes replies hands over str
     except ValueError:
@@ -71,6 +77,8 @@ def parse_record(tool_call_id: str, data: bytes | None, pttl: int) -> Record | N
         return None
     try:
         stored = parse(data)
+    except LayoutVersionError as exc:
+        raise RecordVersionError(exc.version, tool_call_id) from None
     except LayoutError as exc:
         raise CorruptRecordError(f"the record of {tool_call_id!r} is not well formed: {exc}") from None
     status = stored.record_status()
