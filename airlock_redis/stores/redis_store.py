@@ -5,11 +5,14 @@ Every script is safe to re-send (the store re-sends a command after a dropped co
 timeout, see :mod:`.tries`): the attempt's owner token makes a second ``begin`` or ``commit`` by the
 same attempt a no-op, and fences off an attempt that was superseded.
 
-The transitions that end a call (commit, settle, resolve) travel as ``EVAL`` with the script's
-source, never as ``EVALSHA``: one that lands after its sender stopped waiting (delayed in the
-network, or a re-send) still runs on a server whose script cache a restart, a failover or
-``SCRIPT FLUSH`` emptied, where an ``EVALSHA`` would fail with NOSCRIPT and nobody would send it
-again. Begin may use ``EVALSHA``: a begin lost that way leaves no record, which refuses nothing.
+A transition that gives a record back (a release, an operator's verdict) travels as ``EVAL`` with the
+script's source, never as ``EVALSHA``: one that lands after its sender stopped waiting (delayed in the
+network, or a re-send) still runs on a server whose script cache a restart, a failover or ``SCRIPT
+FLUSH`` emptied, where an ``EVALSHA`` would fail with NOSCRIPT and nobody would send it again; so does
+every re-send of any transition. The first try of a begin, a commit or a settle to unknown is an
+``EVALSHA`` (a NOSCRIPT answer is sent again with the source at once): one lost that way leaves the
+record as it was (no record, or pending), which refuses retries and never runs a tool twice, and its
+re-sends carry the source.
 """
 
 from __future__ import annotations
@@ -72,8 +75,6 @@ URL_ENV = "AIRLOCK_REDIS_URL"
 CLIENT_URL_UNKNOWN = "<the URL of the Redis that the application's client= connects to>"
 _TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _REDIS_FAILURES = (redis.RedisError, OSError)
-# Sent as EVAL with their source: they must run when they land, whatever the script cache holds.
-_ENDING = frozenset({"commit", "settle", "resolve"})
 _MAX_BULK = "proto-max-bulk-len"
 # a key that holds a list, a hash, a set...: refused as corrupt, never overwritten (as lua/begin.lua says)
 _NOT_A_STRING = "holds another Redis type, not a string: not a record"
@@ -561,13 +562,13 @@ class RedisEffectStore:
     def _run(self, name: str, tool_call_id: str, args: list[Any], with_source: bool = False) -> Any:
         """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
         send: Any = self.client.execute_command
-        command = _script_command(name, self.key(tool_call_id), args, with_source)
+        command = _ScriptCommand(name, self.key(tool_call_id), args, with_source)
 
         def run() -> Any:
             try:
-                return send(*command)
-            except NoScriptError:  # begin only: the cache was emptied; EVAL loads it again
-                return send("EVAL", script_bytes(name), *command[2:])
+                return send(*command.next_try())
+            except NoScriptError:  # the cache was emptied: the source loads it again
+                return send(*command.with_source())
 
         return self._guarded(run)
 
@@ -613,7 +614,8 @@ class RedisEffectStore:
         """The owning attempt marks its pending record unknown, or releases it (sent with its script:
         it applies even when it lands late). The contract: :meth:`airlock_redis.EffectStore.settle`."""
         args = self._settle_args(request, attempt, settlement)
-        return parse_transition(self._run("settle", request.tool_call_id, args))
+        gives_back = settlement is Settlement.RELEASE
+        return parse_transition(self._run("settle", request.tool_call_id, args, gives_back))
 
     def resolve(
         self,
@@ -630,7 +632,7 @@ class RedisEffectStore:
         record still matches what the operator was shown (``expect_*``). The contract:
         :meth:`airlock_redis.EffectStore.resolve`."""
         args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
-        return parse_transition(self._run("resolve", tool_call_id, args))
+        return parse_transition(self._run("resolve", tool_call_id, args, True))
 
     def get(self, tool_call_id: str) -> Record | None:
         """The record of ``tool_call_id`` (with its remaining TTL), or None; a key that holds no
@@ -667,13 +669,13 @@ class RedisEffectStore:
     async def _arun(self, name: str, tool_call_id: str, args: list[Any], with_source: bool = False) -> Any:
         """Coroutine form of :meth:`_run`."""
         send: Any = self.async_client().execute_command
-        command = _script_command(name, self.key(tool_call_id), args, with_source)
+        command = _ScriptCommand(name, self.key(tool_call_id), args, with_source)
 
         async def run() -> Any:
             try:
-                return await send(*command)
+                return await send(*command.next_try())
             except NoScriptError:
-                return await send("EVAL", script_bytes(name), *command[2:])
+                return await send(*command.with_source())
 
         return await self._aguarded(run)
 
@@ -707,7 +709,8 @@ class RedisEffectStore:
     async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         """Coroutine form of :meth:`settle`."""
         args = self._settle_args(request, attempt, settlement)
-        return parse_transition(await self._arun("settle", request.tool_call_id, args))
+        gives_back = settlement is Settlement.RELEASE
+        return parse_transition(await self._arun("settle", request.tool_call_id, args, gives_back))
 
     async def aresolve(
         self,
@@ -722,7 +725,7 @@ class RedisEffectStore:
     ) -> TransitionResult:
         """Coroutine form of :meth:`resolve`."""
         args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
-        return parse_transition(await self._arun("resolve", tool_call_id, args))
+        return parse_transition(await self._arun("resolve", tool_call_id, args, True))
 
     async def aget(self, tool_call_id: str) -> Record | None:
         """Coroutine form of :meth:`get`."""
@@ -822,12 +825,26 @@ def _not_a_string(tool_call_id: str, error: BaseException) -> StoreError:
     return _failure(error)
 
 
-def _script_command(name: str, key: bytes, args: list[Any], with_source: bool = False) -> tuple[Any, ...]:
-    """The command that runs a script: EVAL with the source for the transitions that end a call,
-    EVALSHA for begin (see the module docstring)."""
-    if with_source or name in _ENDING:
-        return ("EVAL", script_bytes(name), 1, key, *args)
-    return ("EVALSHA", _SHAS[name], 1, key, *args)
+class _ScriptCommand:
+    """The command a transition script travels as, try by try (see the module docstring): the first
+    try an ``EVALSHA`` unless ``with_source``; every re-send, and the answer to NOSCRIPT, an ``EVAL``
+    with the source."""
+
+    __slots__ = ("_args", "_name", "_tries")
+
+    def __init__(self, name: str, key: bytes, args: list[Any], with_source: bool) -> None:
+        self._name = name
+        self._args = (1, key, *args)
+        self._tries = 1 if with_source else 0
+
+    def next_try(self) -> tuple[Any, ...]:
+        self._tries += 1
+        if self._tries == 1:
+            return ("EVALSHA", _SHAS[self._name], *self._args)
+        return self.with_source()
+
+    def with_source(self) -> tuple[Any, ...]:
+        return ("EVAL", script_bytes(self._name), *self._args)
 
 
 def _unexpected(exc: Exception) -> StoreError:
