@@ -55,6 +55,17 @@ def as_store_error(error: Exception) -> StoreError:
     return error if isinstance(error, StoreError) else StoreError(f"{type(error).__name__}: {error}")
 
 
+# the operation -> the name of the executor's method that carries it out (both executors have each)
+_STEPS = {
+    Begin: "_begin",
+    RunTool: "_run",
+    Write: "_write",
+    Secure: "_secure",
+    GiveBack: "_give_back",
+    Ask: "_ask",
+}
+
+
 class _Executor:
     __slots__ = ("_steps", "durable", "report", "store")
 
@@ -62,25 +73,14 @@ class _Executor:
         self.store = store
         self.durable = durable  # set: the tool runs only once enough replicas hold its record
         self.report = report
+        # the bound methods, looked up once: the loop dispatches on the operation's type
+        self._steps: dict[type, Any] = {op: getattr(self, name) for op, name in _STEPS.items()}
 
 
 class BlockingExecutor(_Executor):
     """Carries a call of a blocking tool out."""
 
     __slots__ = ()
-
-    def __init__(self, store: EffectStore, durable: DurableEffectStore | None, report: Reporter) -> None:
-        super().__init__(store, durable, report)
-        self._steps: dict[
-            type, Callable[[CallMachine, Any, Callable[[], Any], Approver | None], Operation]
-        ] = {
-            Begin: self._begin,
-            RunTool: self._run,
-            Write: self._write,
-            Secure: self._secure,
-            GiveBack: self._give_back,
-            Ask: self._ask,
-        }
 
     def run(
         self, machine: CallMachine, invoke: Callable[[], Any], approver: Approver | None
@@ -156,20 +156,6 @@ class AsyncExecutor(_Executor):
     cancellation goes on."""
 
     __slots__ = ()
-
-    def __init__(self, store: EffectStore, durable: DurableEffectStore | None, report: Reporter) -> None:
-        super().__init__(store, durable, report)
-        self._steps: dict[
-            type,
-            Callable[[CallMachine, Any, Callable[[], Awaitable[Any]], Approver | None], Awaitable[Operation]],
-        ] = {
-            Begin: self._begin,
-            RunTool: self._run,
-            Write: self._write,
-            Secure: self._secure,
-            GiveBack: self._give_back,
-            Ask: self._ask,
-        }
 
     async def run(
         self, machine: CallMachine, invoke: Callable[[], Awaitable[Any]], approver: Approver | None
