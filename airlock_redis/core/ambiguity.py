@@ -45,12 +45,14 @@ After retries (with client recognition on)
     timeout, then connection refused, reaches the guard as ``requests.ConnectionError <- MaxRetryError
     <- NewConnectionError``). So, wherever it sits in the tree (a proof above or below it does not
     vouch for it):
-      * an error raised when a client's retries gave up (:data:`CLIENT_RETRY_ERRORS`: urllib3's
+      * an error raised when a client's retries gave up
+        (:data:`~.client_errors.CLIENT_RETRY_ERRORS`: urllib3's
         ``MaxRetryError``, tenacity's ``RetryError``, the OpenAI and Anthropic SDKs'
         ``APIConnectionError`` / ``APITimeoutError``) is in doubt unless the client's record proves
         that no earlier try was sent;
       * a never-left proof that urllib3's ``Retry.increment`` re-raised (``connect=False``), and an
-        answer after retries (:data:`CLIENT_ANSWERS_AFTER_RETRIES`: requests' ``HTTPError``, the
+        answer after retries (:data:`~.client_errors.CLIENT_ANSWERS_AFTER_RETRIES`: requests'
+        ``HTTPError``, the
         SDKs' ``APIStatusError``) are in doubt when that record shows an earlier try that may have
         been sent.
     The records, read without calling into the client: urllib3 keeps ``Retry.history`` on the
@@ -77,11 +79,6 @@ from functools import lru_cache
 from typing import Final, TypeAlias
 
 from .client_errors import (
-    CLIENT_ANSWERS_AFTER_RETRIES,
-    CLIENT_IN_DOUBT_ERRORS,
-    CLIENT_NOT_SENT_ERRORS,
-    CLIENT_RETRY_ERRORS,
-    CLIENT_TRANSPORT_WRAPPERS,
     IN_DOUBT_ALONE,
     NONE,
     NOT_SENT,
@@ -98,16 +95,10 @@ from .errors import EffectOutcomeUnknown
 from .retry_records import Budget, after_retries
 
 __all__ = [
-    "CLIENT_ANSWERS_AFTER_RETRIES",
-    "CLIENT_IN_DOUBT_ERRORS",
-    "CLIENT_NOT_SENT_ERRORS",
-    "CLIENT_RETRY_ERRORS",
-    "CLIENT_TRANSPORT_WRAPPERS",
     "DEFAULT_AMBIGUOUS_ERRORS",
     "DEFAULT_RULE",
     "MAX_ERRORS",
     "MAX_FRAMES",
-    "RPC_IN_DOUBT_STATUSES",
     "AmbiguityRule",
     "AmbiguousErrors",
     "explain",
