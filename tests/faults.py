@@ -3,8 +3,9 @@
 - :class:`ChaosProxy`: a relay on 127.0.0.1 in front of a redis-server (unix socket or host:port) that
   applies :class:`Fault` rules to the Nth request matching a predicate: drop its reply, drop the request
   itself, cut the connection before or after the server ran it, or hold it on its way (``DELAY``: it
-  lands late, even after its client gave up). ``cut_all()`` cuts every live connection at once (a link
-  that dies while the tool runs); ``wait_delivered()`` waits until the server has run every held request.
+  lands late, even after its client gave up; ``delay=math.inf`` holds it until ``release_held()``).
+  ``cut_all()`` cuts every live connection at once (a link that dies while the tool runs);
+  ``wait_delivered()`` waits until the server has run every held request.
 - :class:`History`: every real execution of a tool body per tool_call_id, and every call's outcome
   (executed, replayed, refused with a reason, error). ``summary()``/``report()`` print what was measured.
 - :class:`Tools`: guarded tools (irreversible ``transfer``, costly ``send_sms``, reversible ``refresh``),
@@ -20,6 +21,7 @@ import contextlib
 import contextvars
 import enum
 import json
+import math
 import os
 import random
 import secrets
@@ -67,7 +69,8 @@ class Action(enum.Enum):
     CUT_AFTER = "cut_after"  # the server runs it; the connection is cut when its reply arrives
     # the request reaches the server Fault.delay seconds late, and every later request of its connection
     # after it (a slow network keeps a connection's order); what the client sent still arrives if it has
-    # closed the connection meanwhile (the server's replies to it are then read and discarded)
+    # closed the connection meanwhile (the server's replies to it are then read and discarded);
+    # Fault.delay = math.inf holds it until ChaosProxy.release_held() (a gate, not a clock)
     DELAY = "delay"
 
 
@@ -81,7 +84,7 @@ class Fault:
     times: int = 1
     seen: int = 0
     applied: int = 0
-    delay: float = 0.0  # seconds, for Action.DELAY
+    delay: float = 0.0  # seconds, for Action.DELAY (math.inf: until ChaosProxy.release_held())
 
 
 @dataclass
@@ -147,6 +150,21 @@ class ChaosProxy:
     def wait_delivered(self, timeout: float) -> None:
         """Wait (at most ``timeout`` seconds) until :meth:`delivered`."""
         wait_until("the held requests to reach the server and run", self.delivered, timeout)
+
+    def release_held(self) -> int:
+        """Let every request held so far go on to the server now, in its connection's order (the
+        gate of ``Fault.delay = math.inf``); returns how many were released. Requests held later are
+        held as their fault says."""
+        with self._lock:
+            links = list(self._delaying_links)
+        released = 0
+        now = time.monotonic()
+        for link in links:
+            with link.wake:
+                released += len(link.held)
+                link.held = deque((min(due, now), raw, args) for due, raw, args in link.held)
+                link.wake.notify_all()
+        return released
 
     def cut_all(self) -> int:
         """Cut every open connection now; returns how many were cut."""
@@ -231,7 +249,8 @@ class ChaosProxy:
                 due, raw, args = link.held[0]
                 left = due - time.monotonic()
                 if left > 0:
-                    link.wake.wait(left)  # a proxy's own clock: the request is due then
+                    # a proxy's own clock: the request is due then (never, until release_held())
+                    link.wake.wait(None if left == math.inf else left)
                     continue
                 link.held.popleft()
             with contextlib.suppress(OSError):  # a server gone meanwhile: the request is lost

@@ -1,7 +1,7 @@
 """Process helpers for the tests that need more than one process, or a lossy link to Redis.
 
-- :class:`MutingProxy`: a TCP relay on 127.0.0.1 in front of a redis-server that withholds the reply
-  to the first request(s) matching a predicate, so redis-py times out and re-sends the command.
+- :func:`parse_request`, :func:`connect_upstream`, :func:`is_script_call`: the pieces of the fault
+  proxy (:class:`tests.faults.ChaosProxy`, which also loses replies: ``Action.DROP_REPLY``).
 - Worker functions run in ``spawn`` processes (races, cross-process results). They are module-level
   so that a fresh interpreter can import them.
 - :func:`tls_redis_server`: a server binary built with TLS for the TLS tests, wherever one is
@@ -22,7 +22,6 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +29,6 @@ from decimal import Decimal
 from multiprocessing.context import SpawnContext
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import pytest
@@ -38,7 +36,6 @@ import redis
 from pydantic import BaseModel
 
 from airlock_redis import (
-    BeginRequest,
     EffectGuard,
     EffectRefused,
     GuardedCall,
@@ -48,6 +45,7 @@ from airlock_redis import (
     current_call_context,
     tool_call_context,
 )
+from airlock_redis.stores import BeginRequest
 from airlock_redis.stores.scripts import script_source
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -187,7 +185,7 @@ def is_script_call(name: str) -> Callable[[list[bytes]], bool]:
     return match
 
 
-# -- a relay that loses replies --------------------------------------------------------------------
+# -- the pieces of the fault proxy (tests.faults.ChaosProxy) ----------------------------------------
 def parse_request(buffer: bytes) -> tuple[list[bytes], int] | None:
     """One RESP request (an array of bulk strings) from the start of ``buffer``, and its length.
 
@@ -214,124 +212,6 @@ def parse_request(buffer: bytes) -> tuple[list[bytes], int] | None:
         args.append(buffer[start : start + length])
         position = start + length + 2
     return args, position
-
-
-class MutingProxy:
-    """Relays 127.0.0.1:<port> to a redis-server (unix socket path, or (host, port)).
-
-    The first ``mute`` requests that ``match`` accepts reach the server, but their connection never
-    delivers another reply: the client times out, drops the connection and (redis-py's retry)
-    re-sends the command on a new one. ``matched`` lists every matching request seen.
-    """
-
-    def __init__(
-        self, upstream: str | Path | tuple[str, int], match: Callable[[list[bytes]], bool], mute: int = 1
-    ) -> None:
-        self.upstream = upstream
-        self.match = match
-        self.remaining = mute
-        self.matched: list[list[bytes]] = []
-        self.muted: list[list[bytes]] = []
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self._threads: list[threading.Thread] = []
-        self._closing = threading.Event()
-        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
-        self._listener.listen(16)
-        self.port: int = self._listener.getsockname()[1]
-
-    def _connect_upstream(self) -> socket.socket:
-        return connect_upstream(self.upstream)
-
-    def _start(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = self._connect_upstream()
-            client.settimeout(None)
-            upstream.settimeout(None)
-            with self._lock:
-                self._sockets += [client, upstream]
-            muted = threading.Event()
-            self._start(self._requests, client, upstream, muted)
-            self._start(self._replies, upstream, client, muted)
-
-    def _requests(self, client: socket.socket, upstream: socket.socket, muted: threading.Event) -> None:
-        buffer = b""
-        while True:
-            try:
-                chunk = client.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                close_socket(upstream)
-                return
-            buffer += chunk
-            while True:
-                parsed = parse_request(buffer)
-                if parsed is None:
-                    break
-                args, size = parsed
-                raw, buffer = buffer[:size], buffer[size:]
-                if self.match(args):
-                    with self._lock:
-                        self.matched.append(args)
-                        if self.remaining > 0:
-                            self.remaining -= 1
-                            self.muted.append(args)
-                            muted.set()
-                try:
-                    upstream.sendall(raw)
-                except OSError:
-                    return
-
-    @staticmethod
-    def _replies(upstream: socket.socket, client: socket.socket, muted: threading.Event) -> None:
-        while True:
-            try:
-                chunk = upstream.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                close_socket(client)
-                return
-            if muted.is_set():
-                continue  # the reply is lost on the way back
-            try:
-                client.sendall(chunk)
-            except OSError:
-                return
-
-    def start(self) -> MutingProxy:
-        self._start(self._accept)
-        return self
-
-    def close(self) -> None:
-        self._closing.set()
-        close_socket(self._listener)
-        with self._lock:
-            sockets = list(self._sockets)
-        for sock in sockets:
-            close_socket(sock)
-        for thread in self._threads:
-            thread.join(timeout=5)
-
-    def __enter__(self) -> MutingProxy:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 def connect_upstream(upstream: str | Path | tuple[str, int]) -> socket.socket:

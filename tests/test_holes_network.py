@@ -12,12 +12,11 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
-import socket
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores.acl import required_commands
 from airlock_redis.stores.scripts import script_source
 from tests.faults import Action, ChaosProxy, Fault
-from tests.procs import MutingProxy, close_socket, connect_upstream, is_script_call, parse_request
+from tests.procs import is_script_call
 from tests.topo_helpers import fresh_id, namespace
 from tests.topologies import HOST, RedisProcess, free_ports, wait_until
 
@@ -127,10 +126,9 @@ def test_a_resent_begin_is_covered_by_its_wait(pair: Pair, kind: str) -> None:
     ns, tool_call_id = namespace(), fresh_id()
     RedisEffectStore(pair.url).load_scripts()
     runs: list[int] = []
-    with MutingProxy((HOST, pair.primary.port), is_script_call("begin")) as proxy:
-        store = RedisEffectStore(
-            f"redis://{HOST}:{proxy.port}/0", namespace=ns, wait_replicas=1, wait_timeout=0.5
-        )
+    lost = Fault(is_script_call("begin"), Action.DROP_REPLY)
+    with ChaosProxy((HOST, pair.primary.port), [lost]) as proxy:
+        store = RedisEffectStore(proxy.url, namespace=ns, wait_replicas=1, wait_timeout=0.5)
         guard = EffectGuard(store)
 
         def charge(cents: int) -> int:
@@ -143,7 +141,7 @@ def test_a_resent_begin_is_covered_by_its_wait(pair: Pair, kind: str) -> None:
                 call_once(guard, store, charge, kind)
         finally:
             pair.resume_replica()
-        assert len(proxy.muted) == 1 and len(proxy.matched) >= 2, "the begin was not re-sent"
+        assert lost.applied == 1 and lost.seen >= 2, "the begin was not re-sent"
         store.close()
     assert refused.value.reason == "store_unavailable", server_name(pair)
     assert runs == [], f"the tool ran with no replica holding its record ({server_name(pair)})"
@@ -206,9 +204,10 @@ def test_a_resent_begin_on_an_aof_primary_is_covered_by_wait_and_waitaof(aof_pai
 
         with tool_call_context(tool_call_id):
             assert call_once(EffectGuard(store), store, charge, "sync") == 5
-        # the begin and its re-send (EVALSHA), then the commit (EVAL with the script's source)
-        assert proxy.applied(Action.DROP_REPLY) == 1 and proxy.forwarded["EVALSHA"] >= 2
-        assert proxy.forwarded["EVAL"] >= 1
+        # the begin and its re-send, then the commit (each as EVALSHA or EVAL: which one is the
+        # store's choice, counted by tests/test_script_commands.py)
+        assert proxy.applied(Action.DROP_REPLY) == 1
+        assert proxy.forwarded["EVALSHA"] + proxy.forwarded["EVAL"] >= 3, dict(proxy.forwarded)
         assert (proxy.forwarded["WAITAOF"] >= 2) is has_waitaof, (version, dict(proxy.forwarded))
         assert proxy.forwarded["WAIT"] >= 2
         store.close()
@@ -241,98 +240,12 @@ def test_the_readme_tenant_acl_serves_wait_replicas(pair: Pair) -> None:
 
 
 # -- case 6: a begin that arrives late ---------------------------------------------------------------
-class DelayingProxy:
-    """Relays 127.0.0.1:<port> to a redis-server; requests that ``match`` are held ``delay`` seconds
-    before they are forwarded, on their own connection, even after the client has gone."""
-
-    def __init__(self, upstream: str | Path, match: Any, delay: float) -> None:
-        self.upstream, self.match, self.delay = upstream, match, delay
-        self.delayed = 0
-        self.delivered = 0
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._listener = socket.socket()
-        self._listener.bind((HOST, 0))
-        self._listener.listen(16)
-        self.port: int = self._listener.getsockname()[1]
-        self._closing = threading.Event()
-
-    def _spawn(self, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self._threads.append(thread)
-        thread.start()
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            upstream = connect_upstream(self.upstream)
-            upstream.settimeout(None)
-            self._spawn(self._requests, client, upstream)
-            self._spawn(self._replies, upstream, client)
-
-    def _requests(self, client: socket.socket, upstream: socket.socket) -> None:
-        buffer, held = b"", 0.0
-        while True:
-            try:
-                chunk = client.recv(65536)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                break
-            buffer += chunk
-            while (parsed := parse_request(buffer)) is not None:
-                args, size = parsed
-                raw, buffer = buffer[:size], buffer[size:]
-                if self.match(args):
-                    with self._lock:
-                        self.delayed += 1
-                    held = time.monotonic() + self.delay
-                    self._spawn(self._later, upstream, raw, held)
-                else:
-                    upstream.sendall(raw)
-        # the client gave up; the held requests still go through, then the upstream link closes
-        time.sleep(max(0.0, held - time.monotonic()) + 0.5)
-        close_socket(upstream)
-
-    def _later(self, upstream: socket.socket, raw: bytes, when: float) -> None:
-        time.sleep(max(0.0, when - time.monotonic()))
-        try:
-            upstream.sendall(raw)
-        except OSError:
-            return
-        with self._lock:
-            self.delivered += 1
-
-    @staticmethod
-    def _replies(upstream: socket.socket, client: socket.socket) -> None:
-        while True:
-            try:
-                chunk = upstream.recv(65536)
-            except OSError:
-                return
-            if not chunk:
-                return
-            try:
-                client.sendall(chunk)
-            except OSError:
-                continue  # the client is gone: drain what the server still answers
-
-    def __enter__(self) -> DelayingProxy:
-        self._spawn(self._accept)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._closing.set()
-        close_socket(self._listener)
-
-
 @pytest.mark.parametrize("kind", ["sync", "async"])
 def test_a_begin_that_lands_after_its_attempt_gave_up_records_nothing(
     redis_server: EmbeddedRedis, kind: str
 ) -> None:
+    """Every begin (and every re-send of it) is held in the network until the attempt has given up
+    and released; then they all land. None may leave a record: the tool never ran."""
     ns, tool_call_id = namespace(), fresh_id()
     direct = RedisEffectStore(redis_server.url, namespace=ns)
     direct.load_scripts()
@@ -342,17 +255,22 @@ def test_a_begin_that_lands_after_its_attempt_gave_up_records_nothing(
         runs.append(cents)
         return cents
 
-    with DelayingProxy(redis_server.socket_path, is_script_call("begin"), delay=1.5) as proxy:
-        store = RedisEffectStore(f"redis://{HOST}:{proxy.port}/0", namespace=ns, socket_timeout=0.3)
+    # held until release_held(): they land after the attempt gave up, however long that took
+    held = Fault(is_script_call("begin"), Action.DELAY, times=10**9, delay=math.inf)
+    with ChaosProxy(redis_server.socket_path, [held]) as proxy:
+        store = RedisEffectStore(proxy.url, namespace=ns, socket_timeout=0.3)
         guard = EffectGuard(store)
         with tool_call_context(tool_call_id), pytest.raises(EffectRefused) as refused:
             call_once(guard, store, charge, kind)
         assert refused.value.reason == "store_unavailable"
+        assert proxy.delivered_late == [], "a held begin reached the server before the attempt gave up"
         assert direct.get(tool_call_id) is None  # gave up; its release found nothing
-        wait_until("the held begins to land", lambda: proxy.delivered == proxy.delayed, 30)
-        assert proxy.delayed >= 1
-        time.sleep(0.2)  # the server runs what landed
-        store.close()
+        store.close()  # every connection that carried a begin is closed by its client now
+        released = proxy.release_held()
+        assert released >= held.applied >= 1
+        # the server has run every late begin (it closed their connections after the last request)
+        proxy.wait_delivered(30)
+        assert len(proxy.delivered_late) == released
     assert direct.get(tool_call_id) is None, "a late begin left a pending record for a tool that never ran"
     with tool_call_context(tool_call_id):
         assert EffectGuard(direct).wrap(charge)(5) == 5  # the retry is not refused
@@ -363,11 +281,36 @@ def test_a_begin_that_lands_after_its_attempt_gave_up_records_nothing(
 CALLS = 120
 
 
-def _shutdown_run(url: str, ns: str, main_body: Any) -> tuple[set[str], dict[str, Status]]:
+class HandBackCountingStore(RedisEffectStore):
+    """A store that counts the settles (the guard's hand-backs of cancelled calls' begins) that were
+    started, and those a cancellation interrupted on their way (each is then sent again)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settles = 0
+        self.interrupted = 0
+
+    async def asettle(self, *args: Any, **kwargs: Any) -> Any:
+        self.settles += 1
+        try:
+            return await super().asettle(*args, **kwargs)
+        except asyncio.CancelledError:
+            self.interrupted += 1
+            raise
+
+
+async def until(what: str, fact: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Wait, in a running event loop, until ``fact()`` holds; fail saying ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not fact():
+        assert time.monotonic() < deadline, f"{what}: not so after {timeout}s"
+        await asyncio.sleep(0.001)
+
+
+def _shutdown_run(store: RedisEffectStore, main_body: Any) -> tuple[set[str], dict[str, Status]]:
     """Start CALLS guarded async calls, let ``main_body(tasks, ran)`` decide when main returns (and so
     when ``asyncio.run`` shuts down); returns the ids whose tool ran and the records left by ids whose
     tool never ran."""
-    store = RedisEffectStore(url, namespace=ns)
     ran: set[str] = set()
     ids = [f"shut-{i}" for i in range(CALLS)]
 
@@ -396,18 +339,16 @@ def test_asyncio_run_shutting_down_while_begins_are_in_the_network_leaves_nothin
     begins land afterwards. None may leave a record: the tools never ran."""
     ns = namespace()
     RedisEffectStore(redis_server.url).load_scripts()
-    with DelayingProxy(redis_server.socket_path, is_script_call("begin"), delay=1.0) as proxy:
+    held = Fault(is_script_call("begin"), Action.DELAY, times=10**9, delay=1.0)
+    with ChaosProxy(redis_server.socket_path, [held]) as proxy:
 
         async def until_held(tasks: list[asyncio.Task[None]], ran: set[str]) -> None:
-            deadline = time.monotonic() + 30
-            while proxy.delayed < 10:
-                assert time.monotonic() < deadline, "no begin reached the network"
-                await asyncio.sleep(0.01)
+            await until("ten begins held in the network", lambda: held.applied >= 10)
 
-        ran, left = _shutdown_run(f"redis://{HOST}:{proxy.port}/0", ns, until_held)
-        wait_until("the held begins to land", lambda: proxy.delivered == proxy.delayed, 30)
-        time.sleep(0.2)
-        delayed = proxy.delayed
+        ran, _ = _shutdown_run(RedisEffectStore(proxy.url, namespace=ns), until_held)
+        # the server has run every late begin (it closed their connections after the last request)
+        proxy.wait_delivered(30)
+        delayed = held.applied
     direct = RedisEffectStore(redis_server.url, namespace=ns)
     records = {i: direct.get(i) for i in (f"shut-{n}" for n in range(CALLS))}
     # Python 3.11's asyncio.Condition can lose a cancellation that races a notify (a task waiting
@@ -432,21 +373,48 @@ def test_asyncio_run_shutting_down_while_cancelled_calls_give_back_leaves_nothin
     """A timeout cancels every call (some mid-begin), and main returns at once: the shutdown then
     cancels the hand-backs those cancellations started. They must still finish."""
 
+    store = HandBackCountingStore(redis_server.url, namespace=namespace())
+
     async def cancel_then_return(tasks: list[asyncio.Task[None]], ran: set[str]) -> None:
-        deadline = time.monotonic() + 30
-        while len(ran) < ran_first:
-            assert time.monotonic() < deadline, "no call got through begin"
-            await asyncio.sleep(0.0005)
+        await until(f"{ran_first} calls through begin", lambda: len(ran) >= ran_first)
         for task in tasks:
             task.cancel()
-        await asyncio.sleep(0)  # the cancellations start their hand-backs; then the shutdown
+        # One step of the loop, not a wait: the cancelled calls run their cancellation (each starts
+        # its hand-back) and main returns. Anything that waited longer would let hand-backs finish
+        # before the shutdown; that the shutdown did interrupt some is checked below.
+        await asyncio.sleep(0)
 
-    ran, left = _shutdown_run(redis_server.url, namespace(), cancel_then_return)
+    ran, left = _shutdown_run(store, cancel_then_return)
     assert 0 < len(ran) < CALLS, "the shutdown did not come while calls were in flight"
+    assert store.interrupted > 0, f"the shutdown interrupted none of {store.settles} hand-backs"
     assert left == {}, f"{len(left)} of {CALLS} records left for tools that never ran"
 
 
 # -- case 8: a cancellation during a begin whose reply is lost -------------------------------------------
+def signal_begin_reads(client: Any, reading: asyncio.Event) -> None:
+    """Set ``reading`` when a connection of ``client`` (a redis.asyncio client that has made none yet)
+    starts to read the reply to a begin: from then on its call waits for that reply. A cancellation
+    that comes earlier, while redis-py still sends the begin (through ``asyncio.wait_for`` when a
+    socket timeout is set), can be lost on Python 3.11, and the call then goes on as if none came."""
+    pool = client.connection_pool
+    is_begin = is_script_call("begin")
+
+    class BeginReadSignalling(pool.connection_class):  # type: ignore[misc,name-defined]
+        begin_sent = False
+
+        async def send_command(self, *args: Any, **kwargs: Any) -> None:
+            raw = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+            self.begin_sent = is_begin(raw)
+            await super().send_command(*args, **kwargs)
+
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            if self.begin_sent:
+                reading.set()
+            return await super().read_response(*args, **kwargs)
+
+    pool.connection_class = BeginReadSignalling
+
+
 def test_a_cancel_during_a_begin_whose_reply_is_lost_gives_the_record_back(
     redis_server: EmbeddedRedis,
 ) -> None:
@@ -459,8 +427,9 @@ def test_a_cancel_during_a_begin_whose_reply_is_lost_gives_the_record_back(
         runs.append(cents)
         return cents
 
-    with MutingProxy(redis_server.socket_path, is_script_call("begin")) as proxy:
-        store = RedisEffectStore(f"redis://{HOST}:{proxy.port}/0", namespace=ns, socket_timeout=5)
+    lost = Fault(is_script_call("begin"), Action.DROP_REPLY)
+    with ChaosProxy(redis_server.socket_path, [lost]) as proxy:
+        store = RedisEffectStore(proxy.url, namespace=ns, socket_timeout=5)
         tool = EffectGuard(store).wrap(charge)
 
         async def main() -> None:
@@ -468,14 +437,14 @@ def test_a_cancel_during_a_begin_whose_reply_is_lost_gives_the_record_back(
                 with tool_call_context(tool_call_id):
                     await tool(5)
 
+            reading = asyncio.Event()
+            signal_begin_reads(store.async_client(), reading)
             task = asyncio.create_task(call())
-            deadline = time.monotonic() + 10
-            while not proxy.muted:  # the begin reached the server; its reply will never come
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
-            while direct.get(tool_call_id) is None:
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.01)
+            # the begin reached the server (its reply will never come) and the server ran it, and
+            # the call waits for that reply
+            await until("the begin's reply lost", lambda: lost.applied == 1, 10)
+            await until("the begin's record on the server", lambda: direct.get(tool_call_id) is not None, 10)
+            await until("the call reading the begin's reply", reading.is_set, 10)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task

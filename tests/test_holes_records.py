@@ -24,7 +24,6 @@ import pytest
 import redis
 
 from airlock_redis import (
-    BeginRequest,
     EffectGuard,
     EffectRefused,
     InMemoryEffectStore,
@@ -38,7 +37,7 @@ from airlock_redis import (
 )
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
-from airlock_redis.stores import layout
+from airlock_redis.stores import BeginRequest, layout
 from airlock_redis.stores.redis_store import _SHAS
 from airlock_redis.stores.scripts import script_source
 from tests.faults import Action, ChaosProxy, Fault

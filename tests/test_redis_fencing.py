@@ -18,9 +18,6 @@ import redis
 import redis.asyncio as aredis
 
 from airlock_redis import (
-    BeginKind,
-    BeginOutcome,
-    BeginRequest,
     EffectGuard,
     EffectStatusUnknown,
     Record,
@@ -35,10 +32,11 @@ from airlock_redis import (
 )
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
-from airlock_redis.stores import layout
+from airlock_redis.stores import BeginKind, BeginOutcome, BeginRequest, layout
 from airlock_redis.stores.scripts import script_source
 from tests.conftest import make_store
-from tests.procs import MutingProxy, is_script_call
+from tests.faults import Action, ChaosProxy, Fault
+from tests.procs import is_script_call
 
 BACKENDS = ("fakeredis", "redis")
 MODES = ("sync", "async")
@@ -383,7 +381,8 @@ def counted_charge(guard: EffectGuard, runs: list[int]) -> Callable[..., dict[st
 def test_redis_py_resend_after_a_lost_reply_is_harmless(
     redis_server: EmbeddedRedis, namespace: str, lost: str
 ) -> None:
-    with MutingProxy(redis_server.socket_path, is_script_call(lost)) as proxy:
+    muted = Fault(is_script_call(lost), Action.DROP_REPLY)
+    with ChaosProxy(redis_server.socket_path, [muted]) as proxy:
         # redis-py's default retry policy re-sends a command after a read timeout
         client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=1.0)
         store = RedisEffectStore(client=client, namespace=namespace)
@@ -392,8 +391,8 @@ def test_redis_py_resend_after_a_lost_reply_is_harmless(
         charge = counted_charge(EffectGuard(store=store), runs)
         with tool_call_context(f"call-lost-{lost}"):
             first = charge("acct_1", 500)
-        assert len(proxy.muted) == 1
-        assert len(proxy.matched) >= 2, "the command was not re-sent"
+        assert muted.applied == 1
+        assert muted.seen >= 2, "the command was not re-sent"
         assert runs == [500]
         record = store.get(f"call-lost-{lost}")
         assert record is not None
@@ -405,7 +404,8 @@ def test_redis_py_resend_after_a_lost_reply_is_harmless(
 
 
 def test_redis_py_resend_of_a_lost_begin_reply_async(redis_server: EmbeddedRedis, namespace: str) -> None:
-    with MutingProxy(redis_server.socket_path, is_script_call("begin")) as proxy:
+    muted = Fault(is_script_call("begin"), Action.DROP_REPLY)
+    with ChaosProxy(redis_server.socket_path, [muted]) as proxy:
         RedisEffectStore(redis_server.url).load_scripts()
         store = RedisEffectStore(
             namespace=namespace,
@@ -428,7 +428,7 @@ def test_redis_py_resend_of_a_lost_begin_reply_async(redis_server: EmbeddedRedis
             return first, again, record
 
         first, again, record = asyncio.run(main())
-        assert len(proxy.muted) == 1 and len(proxy.matched) >= 2
+        assert muted.applied == 1 and muted.seen >= 2
         assert runs == [700] and first == again == {"charged": 700}
         assert record is not None and (record.status, record.attempt) == (Status.COMMITTED, 1)
 
@@ -439,7 +439,8 @@ def test_lost_begin_reply_of_a_refused_retry_stays_refused(
     """A pending record, and the retry's begin reply is lost: the re-send is still refused, not run."""
     direct = RedisEffectStore(redis_server.url, namespace=namespace)
     assert direct.begin(request("call-lost-pending")).kind is BeginKind.STARTED  # an attempt that died
-    with MutingProxy(redis_server.socket_path, is_script_call("begin")) as proxy:
+    muted = Fault(is_script_call("begin"), Action.DROP_REPLY)
+    with ChaosProxy(redis_server.socket_path, [muted]) as proxy:
         client = redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=1.0)
         store = RedisEffectStore(client=client, namespace=namespace)
         store.load_scripts()
@@ -447,7 +448,7 @@ def test_lost_begin_reply_of_a_refused_retry_stays_refused(
         charge = counted_charge(EffectGuard(store=store), runs)
         with tool_call_context("call-lost-pending"), pytest.raises(EffectStatusUnknown):
             charge(**ARGS)
-        assert len(proxy.matched) >= 2 and runs == []
+        assert muted.seen >= 2 and runs == []
         store.close()
     record = direct.get("call-lost-pending")
     assert record is not None and (record.status, record.attempt) == (Status.PENDING, 1)
