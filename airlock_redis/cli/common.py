@@ -20,7 +20,7 @@ from ..embedded import EmbeddedRedis, find_redis_server, free_port
 from ..redaction import redact, without_password
 from ..stores.keys import DEFAULT_NAMESPACE, check_namespace
 from ..stores.redis_store import RedisEffectStore
-from ..stores.registry import scheme_of, store_from_url
+from ..stores.registry import scheme_of, schemes, store_from_url
 from ..stores.url import CONNECT_ERRORS, RedisURL, SyncClient, describe_url, parse_url, sync_client
 
 URL_ENV = "AIRLOCK_REDIS_URL"
@@ -230,6 +230,8 @@ def open_store(args: argparse.Namespace) -> Iterator[RedisEffectStore]:
             "(guard.store.get(tool_call_id)); the operator commands read a Redis (--url redis://...)",
         )
     try:
+        if scheme_of(url) not in schemes():
+            parse_url(url)  # says which Redis URLs the operator commands take
         store = store_from_url(url, namespace=args.namespace)
     except ValueError as exc:
         _give_up(EXIT_USAGE, redact(str(exc)))

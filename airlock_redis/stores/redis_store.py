@@ -24,7 +24,7 @@ import os
 import secrets
 import shlex
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
@@ -43,12 +43,14 @@ from ..core.records import (
     Status,
     TransitionResult,
 )
+from ..core.stepping import Plan, adrive, drive
 from ..redaction import redact, without_password
 from .base import check_verdict
-from .durability import ReplicaWait, aread_facts, on_primaries, read_facts
+from .durability import ReplicaWait
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .layout import pack_key, pack_pending, pack_token
 from .loop_steps import step as _step
+from .redis_io import REDIS_FAILURES, Command, Facts, MaxBulk, Read, Waited, async_io, blocking_io, one, tried
 from .replies import parse_begin, parse_record, parse_transition
 from .scripts import SCRIPT_NAMES, script_bytes, script_source
 from .server_facts import DEFAULT_MAX_BULK, ServerFacts, max_bulk_of
@@ -74,7 +76,6 @@ URL_ENV = "AIRLOCK_REDIS_URL"
 # the --url a refusal shows for a client= whose connection gives no URL
 CLIENT_URL_UNKNOWN = "<the URL of the Redis that the application's client= connects to>"
 _TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
-_REDIS_FAILURES = (redis.RedisError, OSError)
 _MAX_BULK = "proto-max-bulk-len"
 # a key that holds a list, a hash, a set...: refused as corrupt, never overwritten (as lua/begin.lua says)
 _NOT_A_STRING = "holds another Redis type, not a string: not a record"
@@ -180,6 +181,9 @@ class RedisEffectStore:
         # way are dropped the next time a loop needs a client.
         self._async_clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
         self._owns_async_clients = async_client is None or _is_factory(async_client)
+        # how the operations' plans are carried out: the blocking client, or the running loop's
+        self._io = blocking_io(lambda: self.client)
+        self._aio = async_io(self.async_client)
 
     def _pick_async_factory(
         self, async_client: AsyncClient | Callable[[], AsyncClient] | None
@@ -287,42 +291,27 @@ class RedisEffectStore:
     def _async_tries(self) -> Tries:
         return Tries(RETRIES) if self._async_own_tries else Tries.blind()
 
-    def _guarded(self, operation: Callable[[], T]) -> T:
-        """Run ``operation`` (some redis-py calls), re-sending it after a dropped connection or a
-        timeout; a failure becomes a StoreError that says whether ANY try may have landed."""
-        tries = self._tries()
-        while True:
-            try:
-                return operation()
-            except _REDIS_FAILURES as exc:
-                pause = tries.failed(exc)
-                if pause is None:
-                    raise _failure(exc, tries.maybe_sent) from exc
-            except StoreError:
-                raise
-            except Exception as exc:  # redis-py failed in a way it does not wrap (a bug of its own)
-                raise _unexpected(exc) from exc
-            time.sleep(pause)
+    def _tried(self, attempt: Callable[[], Plan[T]], tries: Tries) -> Plan[T]:
+        """``attempt()`` re-sent after a dropped connection or a timeout (see :func:`.redis_io.tried`)."""
+        return tried(attempt, tries, _failure, _unexpected)
 
-    async def _aguarded(self, operation: Callable[[], Awaitable[T]]) -> T:
-        tries = self._async_tries()
-        while True:
-            try:
-                return await operation()
-            except _REDIS_FAILURES as exc:
-                pause = tries.failed(exc)
-                if pause is None:
-                    raise _failure(exc, tries.maybe_sent) from exc
-            except StoreError:
-                raise
-            except Exception as exc:
-                raise _unexpected(exc) from exc
-            await asyncio.sleep(pause)
-
-    def _send(self, *args: Any) -> Any:
+    def _command(self, args: tuple[Any, ...], tries: Tries) -> Plan[Any]:
         """One command through the client (raw reply), with the store's tries."""
-        send: Any = self.client.execute_command  # through Any: typed or not in the redis-py installed
-        return self._guarded(lambda: send(*args))
+        return self._tried(lambda: one(Command(args)), tries)
+
+    def _script(
+        self, name: str, tool_call_id: str, args: list[Any], with_source: bool, tries: Tries
+    ) -> Plan[Any]:
+        """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
+        command = _ScriptCommand(name, self.key(tool_call_id), args, with_source)
+
+        def attempt() -> Plan[Any]:
+            try:
+                return (yield Command(command.next_try()))
+            except NoScriptError:  # the cache was emptied: the source loads it again
+                return (yield Command(command.with_source()))
+
+        return self._tried(attempt, tries)
 
     # -- server facts and durability (wait_replicas) ----------------------------------------------
     @property
@@ -338,34 +327,23 @@ class RedisEffectStore:
     def check_server(self) -> ServerFacts | None:
         """Read the server facts now (a logged warning if the eviction policy can delete records),
         and the largest argument the primaries take (``proto-max-bulk-len``, where CONFIG is allowed)."""
-        client = self.client
+        return drive(self._checking(), self._io)
+
+    async def acheck_server(self) -> ServerFacts | None:
+        """Coroutine form of :meth:`check_server`, through the running loop's client."""
+        return await adrive(self._checking(), self._aio)
+
+    def _checking(self) -> Plan[ServerFacts | None]:
         try:
-            facts: ServerFacts | None = read_facts(client)
-        except _REDIS_FAILURES as exc:  # INFO refused (ACL) or the server is down: begin will tell
+            facts: ServerFacts | None = yield Facts()
+        except REDIS_FAILURES as exc:  # INFO refused (ACL) or the server is down: begin will tell
             log.info("airlock_redis: could not read the server's settings (%s)", exc)
             if not isinstance(exc, redis.ResponseError):
                 return None  # unreachable now: try again on the next begin
             facts = None
         try:
-            self.max_value_bytes = max_bulk_of(client.config_get(_MAX_BULK, **on_primaries(client)))
-        except _REDIS_FAILURES:  # CONFIG refused or renamed (managed services): Redis' default
-            self.max_value_bytes = DEFAULT_MAX_BULK
-        self._learn_server(facts)
-        return facts
-
-    async def acheck_server(self) -> ServerFacts | None:
-        """Coroutine form of :meth:`check_server`, through the running loop's client."""
-        client = self.async_client()
-        try:
-            facts: ServerFacts | None = await aread_facts(client)
-        except _REDIS_FAILURES as exc:
-            log.info("airlock_redis: could not read the server's settings (%s)", exc)
-            if not isinstance(exc, redis.ResponseError):
-                return None
-            facts = None
-        try:
-            self.max_value_bytes = max_bulk_of(await client.config_get(_MAX_BULK, **on_primaries(client)))
-        except _REDIS_FAILURES:
+            self.max_value_bytes = max_bulk_of((yield MaxBulk()))
+        except REDIS_FAILURES:  # CONFIG refused or renamed (managed services): Redis' default
             self.max_value_bytes = DEFAULT_MAX_BULK
         self._learn_server(facts)
         return facts
@@ -380,42 +358,15 @@ class RedisEffectStore:
         if self._replica_wait is not None:
             self._replica_wait.ensure(request.token)
 
-    def _begin_waited(self, request: BeginRequest) -> BeginOutcome:
-        assert self._replica_wait is not None
+    def _begin_waited(self, request: BeginRequest, tries: Tries) -> Plan[BeginOutcome]:
         wait = self._replica_wait
-        key, source = self.key(request.tool_call_id), script_source("begin")
+        assert wait is not None
         args = self._begin_args(request)
+        op = Waited(
+            wait, self.key(request.tool_call_id), _SHAS["begin"], script_source("begin"), args, self._facts
+        )
         try:
-            reply, acks = self._guarded(
-                lambda: wait.begin(
-                    self.client, key=key, sha=_SHAS["begin"], source=source, args=args, facts=self._facts
-                )
-            )
-        except StoreError as exc:
-            # begin and WAIT share one round trip: an error in it may follow an applied begin
-            exc.maybe_applied = exc.maybe_applied or not isinstance(exc, CorruptRecordError)
-            raise
-        outcome = parse_begin(reply)
-        if outcome.kind is BeginKind.STARTED:
-            wait.remember(request.token, acks)
-        return outcome
-
-    async def _abegin_waited(self, request: BeginRequest) -> BeginOutcome:
-        assert self._replica_wait is not None
-        wait = self._replica_wait
-        key, source = self.key(request.tool_call_id), script_source("begin")
-        args = self._begin_args(request)
-        try:
-            reply, acks = await self._aguarded(
-                lambda: wait.abegin(
-                    self.async_client(),
-                    key=key,
-                    sha=_SHAS["begin"],
-                    source=source,
-                    args=args,
-                    facts=self._facts,
-                )
-            )
+            reply, acks = yield from self._tried(lambda: one(op), tries)
         except StoreError as exc:
             # begin and WAIT share one round trip: an error in it may follow an applied begin
             exc.maybe_applied = exc.maybe_applied or not isinstance(exc, CorruptRecordError)
@@ -558,20 +509,7 @@ class RedisEffectStore:
             pack_token(expect_owner) if expect_owner else b"",
         ]
 
-    # -- blocking operations ---------------------------------------------------------------------
-    def _run(self, name: str, tool_call_id: str, args: list[Any], with_source: bool = False) -> Any:
-        """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
-        send: Any = self.client.execute_command
-        command = _ScriptCommand(name, self.key(tool_call_id), args, with_source)
-
-        def run() -> Any:
-            try:
-                return send(*command.next_try())
-            except NoScriptError:  # the cache was emptied: the source loads it again
-                return send(*command.with_source())
-
-        return self._guarded(run)
-
+    # -- operations: each a plan (written once), carried out by either driver -------------------
     def _first_record(self, request: BeginRequest) -> bytes:
         """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
         that a begin can write it with a plain ``SET NX PX`` (no script, the common case)."""
@@ -589,33 +527,69 @@ class RedisEffectStore:
         """Record the call pending for ``request.token``, or report what an earlier attempt left
         (STARTED, COMMITTED with the value, MISMATCH, or the status in doubt), in one atomic step on
         the server. The contract: :meth:`airlock_redis.EffectStore.begin`."""
+        return drive(self._beginning(request, self._tries), self._io)
+
+    async def abegin(self, request: BeginRequest) -> BeginOutcome:
+        """Coroutine form of :meth:`begin`, through the running loop's client."""
+        return await adrive(self._beginning(request, self._async_tries), self._aio)
+
+    def _beginning(self, request: BeginRequest, new_tries: Callable[[], Tries]) -> Plan[BeginOutcome]:
         if not self._facts_checked:
-            self.check_server()
+            yield from self._checking()
         if self._replica_wait is not None:
-            return self._begin_waited(request)
+            return (yield from self._begin_waited(request, new_tries()))
         key = self.key(request.tool_call_id)
         proven = self._scripts_run
-        if proven and self._send("SET", key, self._first_record(request), "NX", "PX", self._pending_ms):
-            return _STARTED_FIRST
-        outcome = parse_begin(self._run("begin", request.tool_call_id, self._begin_args(request), not proven))
+        if proven:
+            landed = yield from self._command(
+                ("SET", key, self._first_record(request), "NX", "PX", self._pending_ms), new_tries()
+            )
+            if landed:
+                return _STARTED_FIRST
+        reply = yield from self._script(
+            "begin", request.tool_call_id, self._begin_args(request), not proven, new_tries()
+        )
         self._scripts_run = True
-        return outcome
+        return parse_begin(reply)
 
     def commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         """The attempt that owns the record marks it committed with the tool's encoded ``value`` (None:
-        ran, result not stored) and ``mac`` (sent with its script: it applies even when it lands late).
-        The contract: :meth:`airlock_redis.EffectStore.commit`."""
+        ran, result not stored) and ``mac``. The contract: :meth:`airlock_redis.EffectStore.commit`."""
+        return parse_transition(
+            drive(self._committing(request, attempt, value, mac, self._tries()), self._io)
+        )
+
+    async def acommit(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        """Coroutine form of :meth:`commit`."""
+        plan = self._committing(request, attempt, value, mac, self._async_tries())
+        return parse_transition(await adrive(plan, self._aio))
+
+    def _committing(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None, tries: Tries
+    ) -> Plan[Any]:
         args = self._commit_args(request, attempt, value, mac)
-        return parse_transition(self._run("commit", request.tool_call_id, args))
+        return self._script("commit", request.tool_call_id, args, False, tries)
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
-        """The owning attempt marks its pending record unknown, or releases it (sent with its script:
-        it applies even when it lands late). The contract: :meth:`airlock_redis.EffectStore.settle`."""
+        """The owning attempt marks its pending record unknown, or releases it (a release is sent with
+        its script: it applies even when it lands late). The contract:
+        :meth:`airlock_redis.EffectStore.settle`."""
+        return parse_transition(drive(self._settling(request, attempt, settlement, self._tries()), self._io))
+
+    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """Coroutine form of :meth:`settle`."""
+        plan = self._settling(request, attempt, settlement, self._async_tries())
+        return parse_transition(await adrive(plan, self._aio))
+
+    def _settling(
+        self, request: BeginRequest, attempt: int, settlement: Settlement, tries: Tries
+    ) -> Plan[Any]:
         args = self._settle_args(request, attempt, settlement)
-        gives_back = settlement is Settlement.RELEASE
-        return parse_transition(self._run("settle", request.tool_call_id, args, gives_back))
+        return self._script("settle", request.tool_call_id, args, settlement is Settlement.RELEASE, tries)
 
     def resolve(
         self,
@@ -632,85 +606,9 @@ class RedisEffectStore:
         record still matches what the operator was shown (``expect_*``). The contract:
         :meth:`airlock_redis.EffectStore.resolve`."""
         args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
-        return parse_transition(self._run("resolve", tool_call_id, args, True))
-
-    def get(self, tool_call_id: str) -> Record | None:
-        """The record of ``tool_call_id`` (with its remaining TTL), or None; a key that holds no
-        well-formed record raises :class:`~airlock_redis.core.errors.CorruptRecordError`."""
-        key = self.key(tool_call_id)
-
-        def read() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(key)
-            pipe.pttl(key)
-            return pipe.execute(raise_on_error=False)
-
-        data, pttl = self._guarded(read)
-        if isinstance(data, BaseException):
-            raise _not_a_string(tool_call_id, data)
-        return parse_record(tool_call_id, data, int(pttl))
-
-    def ping(self) -> bool:
-        """Whether the server answers PING (a StoreError when it cannot be reached)."""
-        return bool(self._guarded(self.client.ping))
-
-    def load_scripts(self) -> None:
-        """Load every script into the server's cache now (they load on first use otherwise)."""
-        for name in SCRIPT_NAMES:
-            self._guarded(lambda name=name: self.client.script_load(script_source(name)))  # type: ignore[misc]
-
-    def close(self) -> None:
-        """Close the blocking client's connections (``with store:`` does this when the block ends);
-        a later call connects again."""
-        if self._client is not None:
-            self._client.close()
-
-    # -- coroutine operations --------------------------------------------------------------------
-    async def _arun(self, name: str, tool_call_id: str, args: list[Any], with_source: bool = False) -> Any:
-        """Coroutine form of :meth:`_run`."""
-        send: Any = self.async_client().execute_command
-        command = _ScriptCommand(name, self.key(tool_call_id), args, with_source)
-
-        async def run() -> Any:
-            try:
-                return await send(*command.next_try())
-            except NoScriptError:
-                return await send(*command.with_source())
-
-        return await self._aguarded(run)
-
-    async def _asend(self, *args: Any) -> Any:
-        send: Any = self.async_client().execute_command
-        return await self._aguarded(lambda: send(*args))
-
-    async def abegin(self, request: BeginRequest) -> BeginOutcome:
-        """Coroutine form of :meth:`begin`, through the running loop's client."""
-        if not self._facts_checked:
-            await self.acheck_server()
-        if self._replica_wait is not None:
-            return await self._abegin_waited(request)
-        record = self._first_record(request)
-        key = self.key(request.tool_call_id)
-        proven = self._scripts_run
-        if proven and await self._asend("SET", key, record, "NX", "PX", self._pending_ms):
-            return _STARTED_FIRST
-        args = self._begin_args(request)
-        outcome = parse_begin(await self._arun("begin", request.tool_call_id, args, not proven))
-        self._scripts_run = True
-        return outcome
-
-    async def acommit(
-        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
-    ) -> TransitionResult:
-        """Coroutine form of :meth:`commit`."""
-        args = self._commit_args(request, attempt, value, mac)
-        return parse_transition(await self._arun("commit", request.tool_call_id, args))
-
-    async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
-        """Coroutine form of :meth:`settle`."""
-        args = self._settle_args(request, attempt, settlement)
-        gives_back = settlement is Settlement.RELEASE
-        return parse_transition(await self._arun("settle", request.tool_call_id, args, gives_back))
+        return parse_transition(
+            drive(self._script("resolve", tool_call_id, args, True, self._tries()), self._io)
+        )
 
     async def aresolve(
         self,
@@ -725,23 +623,41 @@ class RedisEffectStore:
     ) -> TransitionResult:
         """Coroutine form of :meth:`resolve`."""
         args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
-        return parse_transition(await self._arun("resolve", tool_call_id, args, True))
+        plan = self._script("resolve", tool_call_id, args, True, self._async_tries())
+        return parse_transition(await adrive(plan, self._aio))
+
+    def get(self, tool_call_id: str) -> Record | None:
+        """The record of ``tool_call_id`` (with its remaining TTL), or None; a key that holds no
+        well-formed record raises :class:`~airlock_redis.core.errors.CorruptRecordError`."""
+        return drive(self._getting(tool_call_id, self._tries()), self._io)
 
     async def aget(self, tool_call_id: str) -> Record | None:
         """Coroutine form of :meth:`get`."""
+        return await adrive(self._getting(tool_call_id, self._async_tries()), self._aio)
+
+    def _getting(self, tool_call_id: str, tries: Tries) -> Plan[Record | None]:
         key = self.key(tool_call_id)
-
-        async def read() -> list[Any]:
-            pipe = self.async_client().pipeline(transaction=False)
-            pipe.get(key)
-            pipe.pttl(key)
-            return await pipe.execute(raise_on_error=False)
-
-        data, pttl = await self._aguarded(read)
+        data, pttl = yield from self._tried(lambda: one(Read(key)), tries)
         if isinstance(data, BaseException):
             raise _not_a_string(tool_call_id, data)
         return parse_record(tool_call_id, data, int(pttl))
 
+    def ping(self) -> bool:
+        """Whether the server answers PING (a StoreError when it cannot be reached)."""
+        return bool(drive(self._command(("PING",), self._tries()), self._io))
+
+    def load_scripts(self) -> None:
+        """Load every script into the server's cache now (they load on first use otherwise)."""
+        for name in SCRIPT_NAMES:
+            drive(self._command(("SCRIPT", "LOAD", script_source(name)), self._tries()), self._io)
+
+    def close(self) -> None:
+        """Close the blocking client's connections (``with store:`` does this when the block ends);
+        a later call connects again."""
+        if self._client is not None:
+            self._client.close()
+
+    # -- closing ----------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop now (``asyncio.run`` closes the ones the store
         made by itself when its loop ends)."""

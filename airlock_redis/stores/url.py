@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 from urllib.parse import parse_qsl, unquote
 
 import redis
@@ -147,55 +147,61 @@ def parse_url(url: str) -> RedisURL:
     return RedisURL("sentinel", url, tls, hosts, segments[0], db, username, password, options)
 
 
-def sync_client(url: str | RedisURL, *, retries: int = RETRIES, **kwargs: Any) -> SyncClient:
-    """A blocking client for ``url``; ``kwargs`` (timeouts) apply to every data connection;
-    ``retries`` is how often a single server's or a Sentinel primary's command is sent again."""
-    parsed = url if isinstance(url, RedisURL) else parse_url(url)
-    if parsed.kind == "single":
-        return redis.Redis.from_url(parsed.url, decode_responses=False, **retry_options(retries), **kwargs)
-    options = {**parsed.connection_kwargs(), **kwargs}
-    if parsed.kind == "cluster":
-        nodes = [ClusterNode(host, port) for host, port in parsed.hosts]
-        return RedisCluster(startup_nodes=nodes, decode_responses=False, **options)
+@dataclass(frozen=True)
+class _Style:
+    """The redis-py classes of one I/O style, for :func:`_client`."""
+
+    redis: Any
+    cluster: Any
+    node: Any
+    sentinel: Callable[[], Any]  # imported when a Sentinel URL needs it
+    retry: Callable[[int], dict[str, Any]]
+
+
+def _blocking_sentinel() -> Any:
     from redis.sentinel import Sentinel
 
-    options.update(retry_options(retries))
+    return Sentinel
 
-    sentinel = Sentinel(
+
+def _async_sentinel() -> Any:
+    from redis.asyncio.sentinel import Sentinel
+
+    return Sentinel
+
+
+_BLOCKING = _Style(redis.Redis, RedisCluster, ClusterNode, _blocking_sentinel, retry_options)
+_ASYNC = _Style(aredis.Redis, AsyncRedisCluster, AsyncClusterNode, _async_sentinel, async_retry_options)
+
+
+def _client(style: _Style, url: str | RedisURL, retries: int, kwargs: dict[str, Any]) -> Any:
+    parsed = url if isinstance(url, RedisURL) else parse_url(url)
+    if parsed.kind == "single":
+        return style.redis.from_url(parsed.url, decode_responses=False, **style.retry(retries), **kwargs)
+    options = {**parsed.connection_kwargs(), **kwargs}
+    if parsed.kind == "cluster":
+        nodes = [style.node(host, port) for host, port in parsed.hosts]
+        return style.cluster(startup_nodes=nodes, decode_responses=False, **options)
+    options.update(style.retry(retries))
+    sentinel = style.sentinel()(
         list(parsed.hosts),
         sentinel_kwargs=_sentinel_kwargs(parsed, kwargs),
         decode_responses=False,
         **options,
     )
     assert parsed.service is not None
-    client: redis.Redis = sentinel.master_for(parsed.service, db=parsed.db)
-    return client
+    return sentinel.master_for(parsed.service, db=parsed.db)
+
+
+def sync_client(url: str | RedisURL, *, retries: int = RETRIES, **kwargs: Any) -> SyncClient:
+    """A blocking client for ``url``; ``kwargs`` (timeouts) apply to every data connection;
+    ``retries`` is how often a single server's or a Sentinel primary's command is sent again."""
+    return cast(SyncClient, _client(_BLOCKING, url, retries, kwargs))
 
 
 def async_client(url: str | RedisURL, *, retries: int = RETRIES, **kwargs: Any) -> AsyncClient:
     """An asyncio client for ``url`` (bound to the event loop that first uses it)."""
-    parsed = url if isinstance(url, RedisURL) else parse_url(url)
-    if parsed.kind == "single":
-        return aredis.Redis.from_url(
-            parsed.url, decode_responses=False, **async_retry_options(retries), **kwargs
-        )
-    options = {**parsed.connection_kwargs(), **kwargs}
-    if parsed.kind == "cluster":
-        nodes = [AsyncClusterNode(host, port) for host, port in parsed.hosts]
-        return AsyncRedisCluster(startup_nodes=nodes, decode_responses=False, **options)
-    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
-
-    options.update(async_retry_options(retries))
-
-    sentinel = AsyncSentinel(
-        list(parsed.hosts),
-        sentinel_kwargs=_sentinel_kwargs(parsed, kwargs),
-        decode_responses=False,
-        **options,
-    )
-    assert parsed.service is not None
-    aclient: aredis.Redis = sentinel.master_for(parsed.service, db=parsed.db)
-    return aclient
+    return cast(AsyncClient, _client(_ASYNC, url, retries, kwargs))
 
 
 def async_factory(url: str, **kwargs: Any) -> Callable[[], AsyncClient]:

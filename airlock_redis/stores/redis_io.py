@@ -1,0 +1,140 @@
+"""What the Redis store sends, as data, and the two ways of sending it (blocking, asyncio).
+
+The store writes each operation once, as a plan (:mod:`airlock_redis.core.stepping`) that yields the
+operations below; :func:`blocking_io` and :func:`async_io` carry them out through redis-py's public
+client API, one table each, sharing every entry whose call is the same for both clients (an asyncio
+client's method returns the awaitable of the same command). Whatever a rule decides (re-send or give
+up, what a reply means) is in a plan, never here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, NamedTuple, TypeVar
+
+import redis
+
+from ..core.errors import StoreError
+from ..core.stepping import Plan
+from .durability import ReplicaWait, aread_facts, on_primaries, read_facts
+from .server_facts import ServerFacts
+from .tries import Tries
+
+T = TypeVar("T")
+
+MAX_BULK = "proto-max-bulk-len"
+REDIS_FAILURES = (redis.RedisError, OSError)
+
+
+class Command(NamedTuple):
+    """One command: its raw reply."""
+
+    args: tuple[Any, ...]
+
+
+class Read(NamedTuple):
+    """GET and PTTL of one key in one pipeline: the two raw replies (an error reply as the exception)."""
+
+    key: bytes
+
+
+class Pause(NamedTuple):
+    """Wait before the next try."""
+
+    seconds: float
+
+
+class Facts(NamedTuple):
+    """The primaries' server facts (INFO)."""
+
+
+class MaxBulk(NamedTuple):
+    """``CONFIG GET proto-max-bulk-len`` on the primaries."""
+
+
+class Waited(NamedTuple):
+    """A begin with ``wait_replicas``: the script and WAIT in one round trip (see :mod:`.durability`)."""
+
+    wait: ReplicaWait
+    key: bytes
+    sha: str
+    source: str
+    args: list[Any]
+    facts: ServerFacts | None
+
+
+Op = Command | Read | Pause | Facts | MaxBulk | Waited
+Call = Callable[[Any, Any], Any]
+
+_EITHER: dict[type, Call] = {
+    Command: lambda client, op: client.execute_command(*op.args),
+    Read: lambda client, op: (
+        client.pipeline(transaction=False).get(op.key).pttl(op.key).execute(raise_on_error=False)
+    ),
+    MaxBulk: lambda client, op: client.config_get(MAX_BULK, **on_primaries(client)),
+}
+_BLOCKING: dict[type, Call] = {
+    **_EITHER,
+    Pause: lambda client, op: time.sleep(op.seconds),
+    Facts: lambda client, op: read_facts(client),
+    Waited: lambda client, op: op.wait.begin(client, **_waited(op)),
+}
+_ASYNC: dict[type, Call] = {
+    **_EITHER,
+    Pause: lambda client, op: asyncio.sleep(op.seconds),
+    Facts: lambda client, op: aread_facts(client),
+    Waited: lambda client, op: op.wait.abegin(client, **_waited(op)),
+}
+
+
+def _waited(op: Waited) -> dict[str, Any]:
+    return {"key": op.key, "sha": op.sha, "source": op.source, "args": op.args, "facts": op.facts}
+
+
+def blocking_io(client: Callable[[], Any]) -> Callable[[Op], Any]:
+    """Carry an operation out with the blocking client ``client()`` returns."""
+
+    def perform(op: Op) -> Any:
+        return _BLOCKING[type(op)](client(), op)
+
+    return perform
+
+
+def async_io(client: Callable[[], Any]) -> Callable[[Op], Awaitable[Any]]:
+    """Carry an operation out with the asyncio client ``client()`` returns (the running loop's)."""
+
+    async def perform(op: Op) -> Any:
+        return await _ASYNC[type(op)](client(), op)
+
+    return perform
+
+
+# -- the store's re-sends, once for both ------------------------------------------------------------
+def one(op: Op) -> Plan[Any]:
+    """A plan of one operation: its reply."""
+    return (yield op)
+
+
+def tried(
+    attempt: Callable[[], Plan[T]],
+    tries: Tries,
+    failure: Callable[[BaseException, bool], StoreError],
+    unexpected: Callable[[Exception], StoreError],
+) -> Generator[Any, Any, T]:
+    """Run ``attempt()`` again after a dropped connection or a timeout, as ``tries`` allows; a failure
+    becomes ``failure(error, maybe_sent)``, a StoreError that says whether ANY try may have landed;
+    an error redis-py does not wrap becomes ``unexpected(error)``."""
+    while True:
+        try:
+            return (yield from attempt())
+        except REDIS_FAILURES as exc:
+            pause = tries.failed(exc)
+            if pause is None:
+                raise failure(exc, tries.maybe_sent) from exc
+        except StoreError:
+            raise
+        except Exception as exc:  # redis-py failed in a way it does not wrap (a bug of its own)
+            raise unexpected(exc) from exc
+        yield Pause(pause)
