@@ -395,8 +395,9 @@ def test_no_script_calls_a_hash_command_on_the_common_path(
     redis_server: EmbeddedRedis, rstore: RedisEffectStore
 ) -> None:
     """A guarded call on a new id costs one plain SET NX (the begin, no script) and one script that
-    does one GET and one SET (the commit, sent as EVAL with its source). The store's first begin
-    is the script instead (it proves the user may run scripts before any tool runs)."""
+    does one GET and one SET (the commit, an EVALSHA on its first try: the script is cached since the
+    first call's commit loaded it). The store's first begin is the script instead (it proves the user
+    may run scripts before any tool runs)."""
     client = redis_server.client()
     with tool_call_context("path-0"):
         assert EffectGuard(rstore).wrap(lambda: 0, name="charge")() == 0
@@ -405,8 +406,8 @@ def test_no_script_calls_a_hash_command_on_the_common_path(
         assert EffectGuard(rstore).wrap(lambda: 1, name="charge")() == 1
     stats: dict[str, Any] = client.info("commandstats")
     called = {name.removeprefix("cmdstat_"): row["calls"] for name, row in stats.items()}
-    assert called.get("eval") == 1 and called.get("get") == 1 and called.get("set") == 2, called
-    assert "evalsha" not in called, called
+    assert called.get("evalsha") == 1 and called.get("get") == 1 and called.get("set") == 2, called
+    assert "eval" not in called, called
     assert not {"type", "hmget", "hset", "pexpire", "del", "exists"} & set(called), called
     client.close()
 
