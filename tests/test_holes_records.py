@@ -38,7 +38,7 @@ from airlock_redis import (
 from airlock_redis.core.codec import decode_result
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores import BeginRequest, layout
-from airlock_redis.stores.redis_store import _SHAS
+from airlock_redis.stores.script_args import SHAS
 from airlock_redis.stores.scripts import script_source
 from tests.faults import Action, ChaosProxy, Fault
 from tests.procs import is_script_call
@@ -437,12 +437,12 @@ def test_a_release_verdict_resent_after_a_retry_began_leaves_the_retry_alone(
     """redis-py re-sends a verdict whose reply was lost. If the first copy released the record and a
     retry began in between, the copy must answer "ok" and leave the retry's record alone."""
     request = _pending(rstore, "rs-1")
-    args = rstore._resolve_args(Settlement.RELEASE, request.idempotency_key, None, None, None, None)
+    args = rstore._args.resolve(Settlement.RELEASE, request.idempotency_key, None, None, None, None)
     client, key = rstore.client, rstore.key("rs-1")
-    assert client.evalsha(_SHAS["resolve"], 1, key, *args) == b"ok"  # applied; its reply is lost
+    assert client.evalsha(SHAS["resolve"], 1, key, *args) == b"ok"  # applied; its reply is lost
     retry = BeginRequest("rs-1", request.idempotency_key, "charge", "tok-retry", False)
     assert rstore.begin(retry).kind.value == "started"
-    assert client.evalsha(_SHAS["resolve"], 1, key, *args) == b"ok"  # the client's re-send
+    assert client.evalsha(SHAS["resolve"], 1, key, *args) == b"ok"  # the client's re-send
     record = rstore.get("rs-1")
     assert record is not None and (record.status, record.owner) == (Status.PENDING, "tok-retry")
 

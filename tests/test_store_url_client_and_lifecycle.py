@@ -19,7 +19,8 @@ from redis.sentinel import Sentinel
 
 from airlock_redis import EffectGuard, EffectRefused, RedisEffectStore, Status, tool_call_context
 from airlock_redis.embedded import EmbeddedRedis
-from airlock_redis.stores.redis_store import CLIENT_URL_UNKNOWN, DEFAULT_URL, URL_ENV, url_of_client
+from airlock_redis.stores.redis_clients import url_of_client
+from airlock_redis.stores.redis_store import CLIENT_URL_UNKNOWN, DEFAULT_URL, URL_ENV
 
 
 def _connected(client: Any) -> list[bool]:

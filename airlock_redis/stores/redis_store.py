@@ -18,19 +18,14 @@ re-sends carry the source.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
-import secrets
 import shlex
-import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import redis
-import redis.asyncio as aredis
-from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from ..core.errors import CorruptRecordError, StoreError
@@ -45,28 +40,24 @@ from ..core.records import (
 )
 from ..core.stepping import Plan, adrive, drive
 from ..redaction import redact, without_password
-from .base import check_verdict
 from .durability import ReplicaWait
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
-from .layout import pack_key, pack_pending, pack_token
 from .loop_steps import step as _step
+from .redis_clients import async_factory, decodes_responses, is_factory, url_of_client
 from .redis_io import REDIS_FAILURES, Command, Facts, MaxBulk, Read, Waited, async_io, blocking_io, one, tried
 from .replies import parse_begin, parse_record, parse_transition
-from .scripts import SCRIPT_NAMES, script_bytes, script_source
+from .script_args import SHAS, ScriptArgs, ScriptCommand
+from .scripts import SCRIPT_NAMES, script_source
 from .server_facts import DEFAULT_MAX_BULK, ServerFacts, max_bulk_of
 from .server_facts import report as report_facts
 from .tries import RETRIES, Tries, makes_one_try, never_sent
-from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
+from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, StatusTTLs
 from .url import (
-    NODE_KWARGS,
     AsyncClient,
     SyncClient,
-    async_retry_options,
-    async_twin_of_cluster,
     parse_url,
     sync_client,
 )
-from .url import async_client as url_async_client
 
 T = TypeVar("T")
 
@@ -75,7 +66,6 @@ DEFAULT_URL = "redis://localhost:6379/0"
 URL_ENV = "AIRLOCK_REDIS_URL"
 # the --url a refusal shows for a client= whose connection gives no URL
 CLIENT_URL_UNKNOWN = "<the URL of the Redis that the application's client= connects to>"
-_TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
 _MAX_BULK = "proto-max-bulk-len"
 # a key that holds a list, a hash, a set...: refused as corrupt, never overwritten (as lua/begin.lua says)
 _NOT_A_STRING = "holds another Redis type, not a string: not a record"
@@ -83,16 +73,6 @@ log = logging.getLogger("airlock_redis")
 
 
 _STARTED_FIRST = BeginOutcome(BeginKind.STARTED, attempt=1)
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def tool_bytes(tool: str) -> bytes:
-    """A tool's name as the records hold it: UTF-8, a lone surrogate kept as its three bytes (a name
-    that ``json.loads`` made from a model's escaped text), so that every store takes every name."""
-    return tool.encode("utf-8", "surrogatepass")
 
 
 class RedisEffectStore:
@@ -128,9 +108,7 @@ class RedisEffectStore:
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
-        self._pending_ms = str(self.ttls.millis(Status.PENDING)).encode()
-        self._committed_ms = str(self.ttls.millis(Status.COMMITTED)).encode()
-        self._unknown_ms = str(self.ttls.millis(Status.UNKNOWN)).encode()
+        self._args = ScriptArgs(self.ttls)
         if url is not None and client is not None:
             raise ValueError(
                 "RedisEffectStore takes url or client=, not both: with client= the store uses that "
@@ -148,8 +126,6 @@ class RedisEffectStore:
         self._facts: ServerFacts | None = None
         self._facts_checked = False
         self._scripts_run = False  # until a begin ran the begin script, begins go by script (see begin)
-        # the largest value a commit sends (a larger argument makes the server drop the connection)
-        self.max_value_bytes = DEFAULT_MAX_BULK
         if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
             # WAIT holds its connection up to wait_timeout: a read timeout no longer than that cuts
             # every WAIT that must wait, and begin fails with a socket timeout after it wrote a pending
@@ -160,7 +136,7 @@ class RedisEffectStore:
             "socket_connect_timeout": socket_connect_timeout,
         }
         for given in (client, async_client):
-            if given is not None and not _is_factory(given) and _decodes_responses(given):
+            if given is not None and not is_factory(given) and decodes_responses(given):
                 raise ValueError(
                     "the Redis client decodes responses to str; the effect store needs bytes "
                     "(create the client with decode_responses=False)"
@@ -174,51 +150,16 @@ class RedisEffectStore:
         )
         self._own_tries = builds_one_try or (client is not None and makes_one_try(client))
         self._async_own_tries = builds_one_try and async_client is None
-        self._async_factory = self._pick_async_factory(async_client)
+        self._async_factory = async_factory(async_client, self._parsed_url, self._timeouts, self._client)
         # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
         # connections refer to their loop, so weak keys would never be freed. Each client we made is
         # closed when its loop shuts down (see _close_with_loop); entries of loops closed some other
         # way are dropped the next time a loop needs a client.
         self._async_clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
-        self._owns_async_clients = async_client is None or _is_factory(async_client)
+        self._owns_async_clients = async_client is None or is_factory(async_client)
         # how the operations' plans are carried out: the blocking client, or the running loop's
         self._io = blocking_io(lambda: self.client)
         self._aio = async_io(self.async_client)
-
-    def _pick_async_factory(
-        self, async_client: AsyncClient | Callable[[], AsyncClient] | None
-    ) -> Callable[[], AsyncClient] | None:
-        if async_client is not None and not _is_factory(async_client):
-            fixed = cast(AsyncClient, async_client)
-            return lambda: fixed
-        if async_client is not None:
-            return cast(Callable[[], AsyncClient], async_client)
-        if self._parsed_url is not None and self._parsed_url.kind != "single":
-            parsed, options = self._parsed_url, dict(self._timeouts)
-            retries = 0 if parsed.kind == "sentinel" else RETRIES  # Cluster: redis-py's own policy
-            return lambda: url_async_client(parsed, retries=retries, **options)
-        if self.url is not None:
-            url = self.url
-            timeouts = self._timeouts
-
-            def make() -> aredis.Redis:
-                # A blocking pool: past max_connections concurrent calls wait for a connection
-                # (up to the socket timeout) instead of failing with "Too many connections".
-                pool = aredis.BlockingConnectionPool.from_url(
-                    url,
-                    decode_responses=False,
-                    timeout=timeouts["socket_timeout"],
-                    **async_retry_options(0),
-                    **timeouts,
-                )
-                return aredis.Redis.from_pool(pool)
-
-            return make
-        if isinstance(self._client, RedisCluster):
-            return async_twin_of_cluster(self._client)
-        if self._client is not None:
-            return async_twin_factory(self._client)
-        return None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisEffectStore:
@@ -269,6 +210,12 @@ class RedisEffectStore:
             where = "async_client only"
         return f"RedisEffectStore({where!s}, namespace={self.namespace!r})"
 
+    @property
+    def max_value_bytes(self) -> int:
+        """The largest result the server takes (``proto-max-bulk-len`` of the primaries, once read):
+        a larger one is committed without its value, and replays are refused (result_not_stored)."""
+        return self._args.max_value_bytes
+
     # -- clients ---------------------------------------------------------------------------------
     @property
     def client(self) -> SyncClient:
@@ -303,7 +250,7 @@ class RedisEffectStore:
         self, name: str, tool_call_id: str, args: list[Any], with_source: bool, tries: Tries
     ) -> Plan[Any]:
         """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
-        command = _ScriptCommand(name, self.key(tool_call_id), args, with_source)
+        command = ScriptCommand(name, self.key(tool_call_id), args, with_source)
 
         def attempt() -> Plan[Any]:
             try:
@@ -342,9 +289,9 @@ class RedisEffectStore:
                 return None  # unreachable now: try again on the next begin
             facts = None
         try:
-            self.max_value_bytes = max_bulk_of((yield MaxBulk()))
+            self._args.max_value_bytes = max_bulk_of((yield MaxBulk()))
         except REDIS_FAILURES:  # CONFIG refused or renamed (managed services): Redis' default
-            self.max_value_bytes = DEFAULT_MAX_BULK
+            self._args.max_value_bytes = DEFAULT_MAX_BULK
         self._learn_server(facts)
         return facts
 
@@ -361,9 +308,9 @@ class RedisEffectStore:
     def _begin_waited(self, request: BeginRequest, tries: Tries) -> Plan[BeginOutcome]:
         wait = self._replica_wait
         assert wait is not None
-        args = self._begin_args(request)
+        args = self._args.begin(request)
         op = Waited(
-            wait, self.key(request.tool_call_id), _SHAS["begin"], script_source("begin"), args, self._facts
+            wait, self.key(request.tool_call_id), SHAS["begin"], script_source("begin"), args, self._facts
         )
         try:
             reply, acks = yield from self._tried(lambda: one(op), tries)
@@ -421,101 +368,7 @@ class RedisEffectStore:
         """The Redis key that holds the record of ``tool_call_id`` in this store's namespace."""
         return record_key(self.namespace, tool_call_id)
 
-    # -- arguments of each script (shared by both paths) -----------------------------------------
-    # (owner tokens and idempotency keys travel packed: see layout.pack_id)
-    def _begin_args(self, request: BeginRequest) -> list[Any]:
-        return [
-            pack_key(request.idempotency_key),
-            tool_bytes(request.tool),
-            pack_token(request.token),
-            b"1" if request.reversible else b"0",
-            self._pending_ms,
-            _now_ms(),
-        ]
-
-    def _commit_args(
-        self,
-        request: BeginRequest,
-        attempt: int,
-        value: bytes | None,
-        mac: bytes | None,
-        ttl_ms: int | None = None,
-    ) -> list[Any]:
-        if value is not None and len(value) > self.max_value_bytes:
-            log.warning(
-                "airlock_redis: the result of %s under tool_call_id=%r is %d bytes, over the server's "
-                "proto-max-bulk-len (%d): it is committed without its value, and replays are refused "
-                "(result_not_stored)",
-                request.tool,
-                request.tool_call_id,
-                len(value),
-                self.max_value_bytes,
-            )
-            value, mac = None, None
-        stored, data = (b"0", b"") if value is None else (b"1", value)
-        return [
-            pack_token(request.token),
-            stored,
-            data,
-            mac or b"",
-            self._committed_ms if ttl_ms is None else ttl_ms,
-            _now_ms(),
-            pack_key(request.idempotency_key),
-            tool_bytes(request.tool),
-            attempt,
-        ]
-
-    def _settle_args(self, request: BeginRequest, attempt: int, settlement: Settlement) -> list[Any]:
-        return [
-            pack_token(request.token),
-            settlement.value,
-            self._unknown_ms,
-            pack_key(request.idempotency_key),
-            tool_bytes(request.tool),
-            attempt,
-            _TOMBSTONE_MS,
-        ]
-
-    def _resolve_args(  # noqa: PLR0917 - one argument per script argument, passed through
-        self,
-        verdict: Status | Settlement,
-        expect_key: str | None,
-        expect_status: Status | None,
-        expect_owner: str | None,
-        value: bytes | None,
-        mac: bytes | None,
-    ) -> list[Any]:
-        verdict = check_verdict(verdict)
-        if verdict is Settlement.RELEASE:
-            name, ttl = "release", _TOMBSTONE_MS
-        elif verdict is Status.COMMITTED:
-            name, ttl = "committed", self.ttls.millis(Status.COMMITTED)
-        else:
-            name, ttl = "unknown", self.ttls.millis(Status.UNKNOWN)
-        # made once: a client's re-send carries the same token, and the script answers "ok" to it
-        owner = "operator:" + secrets.token_hex(8)
-        stored = "1" if value is not None else "0"
-        status = expect_status.value if expect_status is not None else ""
-        return [
-            name,
-            pack_key(expect_key) if expect_key else b"",
-            pack_token(owner),
-            stored,
-            value or b"",
-            mac or b"",
-            ttl,
-            _now_ms(),
-            status,
-            pack_token(expect_owner) if expect_owner else b"",
-        ]
-
     # -- operations: each a plan (written once), carried out by either driver -------------------
-    def _first_record(self, request: BeginRequest) -> bytes:
-        """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
-        that a begin can write it with a plain ``SET NX PX`` (no script, the common case)."""
-        owner, key = pack_token(request.token), pack_key(request.idempotency_key)
-        return pack_pending(owner, key, tool_bytes(request.tool), _now_ms())
-
     # A begin first tries SET NX: it lands only where the key holds nothing, and writes exactly what
     # the script writes there, so "it landed" is the script's {"started", 1}. Anything else (a record,
     # a tombstone, a re-sent begin of this attempt, a key of another type) goes to the script, which
@@ -542,12 +395,12 @@ class RedisEffectStore:
         proven = self._scripts_run
         if proven:
             landed = yield from self._command(
-                ("SET", key, self._first_record(request), "NX", "PX", self._pending_ms), new_tries()
+                ("SET", key, self._args.first_record(request), "NX", "PX", self._args.pending_ms), new_tries()
             )
             if landed:
                 return _STARTED_FIRST
         reply = yield from self._script(
-            "begin", request.tool_call_id, self._begin_args(request), not proven, new_tries()
+            "begin", request.tool_call_id, self._args.begin(request), not proven, new_tries()
         )
         self._scripts_run = True
         return parse_begin(reply)
@@ -571,7 +424,7 @@ class RedisEffectStore:
     def _committing(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None, tries: Tries
     ) -> Plan[Any]:
-        args = self._commit_args(request, attempt, value, mac)
+        args = self._args.commit(request, attempt, value, mac)
         return self._script("commit", request.tool_call_id, args, False, tries)
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
@@ -588,7 +441,7 @@ class RedisEffectStore:
     def _settling(
         self, request: BeginRequest, attempt: int, settlement: Settlement, tries: Tries
     ) -> Plan[Any]:
-        args = self._settle_args(request, attempt, settlement)
+        args = self._args.settle(request, attempt, settlement)
         return self._script("settle", request.tool_call_id, args, settlement is Settlement.RELEASE, tries)
 
     def resolve(
@@ -605,7 +458,7 @@ class RedisEffectStore:
         """An operator's verdict (committed with ``value``, unknown, or release), applied only when the
         record still matches what the operator was shown (``expect_*``). The contract:
         :meth:`airlock_redis.EffectStore.resolve`."""
-        args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
+        args = self._args.resolve(verdict, expect_key, expect_status, expect_owner, value, mac)
         return parse_transition(
             drive(self._script("resolve", tool_call_id, args, True, self._tries()), self._io)
         )
@@ -622,7 +475,7 @@ class RedisEffectStore:
         mac: bytes | None = None,
     ) -> TransitionResult:
         """Coroutine form of :meth:`resolve`."""
-        args = self._resolve_args(verdict, expect_key, expect_status, expect_owner, value, mac)
+        args = self._args.resolve(verdict, expect_key, expect_status, expect_owner, value, mac)
         plan = self._script("resolve", tool_call_id, args, True, self._async_tries())
         return parse_transition(await adrive(plan, self._aio))
 
@@ -681,86 +534,12 @@ class _LoopClient:
         await self.client.aclose()
 
 
-def async_twin_factory(client: redis.Redis) -> Callable[[], aredis.Redis] | None:
-    """A maker of asyncio clients that reach the same server as a blocking redis-py client."""
-    from redis import connection as sconnection
-    from redis.asyncio import connection as aconnection
-
-    pool = client.connection_pool
-    twins: dict[type[Any], type[Any]] = {
-        sconnection.Connection: aconnection.Connection,
-        sconnection.UnixDomainSocketConnection: aconnection.UnixDomainSocketConnection,
-        sconnection.SSLConnection: aconnection.SSLConnection,
-    }
-    twin = twins.get(pool.connection_class)
-    if twin is None:
-        return None
-    allowed = {"host", "port", "path", "db", *NODE_KWARGS}
-    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in allowed}
-
-    def make() -> aredis.Redis:
-        twin_pool = aconnection.BlockingConnectionPool(
-            connection_class=twin,
-            max_connections=pool.max_connections,
-            timeout=kwargs.get("socket_timeout"),
-            **kwargs,
-        )
-        return aredis.Redis.from_pool(twin_pool)  # owns the pool: aclose() disconnects it
-
-    return make
-
-
-def _sha(source: str) -> str:
-    return hashlib.sha1(source.encode("utf-8")).hexdigest()
-
-
-_SHAS = {name: _sha(script_source(name)) for name in SCRIPT_NAMES}
-
-
-def _is_factory(value: Any) -> bool:
-    return (
-        callable(value)
-        and not hasattr(value, "connection_pool")
-        and not hasattr(value, "get_connection_kwargs")
-    )
-
-
-def _decodes_responses(client: Any) -> bool:
-    try:
-        kwargs = client.get_connection_kwargs()
-    except Exception:
-        return False
-    return bool(kwargs.get("decode_responses"))
-
-
 def _not_a_string(tool_call_id: str, error: BaseException) -> StoreError:
     """What ``get`` raises when the GET of the record failed: CorruptRecordError for a key that holds
     another Redis type (WRONGTYPE), as the begin script refuses it; else the failure as it is."""
     if isinstance(error, redis.exceptions.ResponseError) and "WRONGTYPE" in str(error):
         return CorruptRecordError(f"the key of the record of {tool_call_id!r} {_NOT_A_STRING}")
     return _failure(error)
-
-
-class _ScriptCommand:
-    """The command a transition script travels as, try by try (see the module docstring): the first
-    try an ``EVALSHA`` unless ``with_source``; every re-send, and the answer to NOSCRIPT, an ``EVAL``
-    with the source."""
-
-    __slots__ = ("_args", "_name", "_tries")
-
-    def __init__(self, name: str, key: bytes, args: list[Any], with_source: bool) -> None:
-        self._name = name
-        self._args = (1, key, *args)
-        self._tries = 1 if with_source else 0
-
-    def next_try(self) -> tuple[Any, ...]:
-        self._tries += 1
-        if self._tries == 1:
-            return ("EVALSHA", _SHAS[self._name], *self._args)
-        return self.with_source()
-
-    def with_source(self) -> tuple[Any, ...]:
-        return ("EVAL", script_bytes(self._name), *self._args)
 
 
 def _unexpected(exc: Exception) -> StoreError:
@@ -784,50 +563,3 @@ def _failure(exc: BaseException, maybe_applied: bool | None = None) -> StoreErro
     if maybe_applied is None:
         maybe_applied = not never_sent(exc)
     return StoreError(message, maybe_applied=maybe_applied)
-
-
-def url_of_client(client: Any) -> str | None:
-    """The Redis URL a redis-py client connects to, without its password (the user is kept), for
-    what an operator pastes: ``redis://host:port/db``, ``rediss://...``, ``unix://path[?db=N]``,
-    ``redis+cluster://h:p,h:p``, ``redis+sentinel://h:p,h:p/<service>[/db]``. None for a client
-    whose connection is not one of redis-py's own (a fake, a custom connection class)."""
-    from redis import connection as sconnection
-    from redis import sentinel as ssentinel
-
-    if isinstance(client, RedisCluster):
-        nodes = client.nodes_manager.startup_nodes.values()
-        given = client.nodes_manager.connection_kwargs
-        tls = "SSL" in getattr(given.get("connection_class"), "__name__", "")
-        hosts = ",".join(_host_text(str(node.host), int(node.port)) for node in nodes)
-        return f"{'rediss' if tls else 'redis'}+cluster://{_user_at(given)}{hosts}" if hosts else None
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        return None
-    kind, kwargs = pool.connection_class, pool.connection_kwargs
-    db = int(kwargs.get("db") or 0)
-    if isinstance(pool, ssentinel.SentinelConnectionPool):
-        manager = pool.sentinel_manager
-        seeds = [s.connection_pool.connection_kwargs for s in manager.sentinels]
-        hosts = ",".join(_host_text(str(k.get("host")), int(k.get("port", 26379))) for k in seeds)
-        tls = issubclass(kind, ssentinel.SentinelManagedSSLConnection)
-        scheme = "rediss+sentinel" if tls else "redis+sentinel"
-        tail = f"/{db}" if db else ""
-        return f"{scheme}://{_user_at(kwargs)}{hosts}/{pool.service_name}{tail}" if hosts else None
-    if kind is sconnection.UnixDomainSocketConnection:
-        return f"unix://{_user_at(kwargs)}{kwargs['path']}" + (f"?db={db}" if db else "")
-    if kind in (sconnection.Connection, sconnection.SSLConnection):
-        scheme = "rediss" if kind is sconnection.SSLConnection else "redis"
-        where = _host_text(str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379)))
-        return f"{scheme}://{_user_at(kwargs)}{where}/{db}"
-    return None
-
-
-def _host_text(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _user_at(kwargs: dict[str, Any]) -> str:
-    from urllib.parse import quote
-
-    user = kwargs.get("username")
-    return f"{quote(str(user), safe='')}@" if user else ""

@@ -1,0 +1,159 @@
+"""The arguments of each transition script, packed as ``lua/`` reads them, and the command each
+script travels as.
+
+Owner tokens and idempotency keys travel packed (:func:`.layout.pack_id`); TTLs in milliseconds. One
+:class:`ScriptArgs` per store, made from its TTLs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from ..core.records import BeginRequest, Settlement, Status
+from .base import check_verdict
+from .layout import pack_key, pack_pending, pack_token
+from .scripts import SCRIPT_NAMES, script_bytes, script_source
+from .server_facts import DEFAULT_MAX_BULK
+from .ttl import TOMBSTONE_TTL, StatusTTLs
+
+log = logging.getLogger("airlock_redis")
+
+TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
+SHAS = {name: hashlib.sha1(script_source(name).encode("utf-8")).hexdigest() for name in SCRIPT_NAMES}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def tool_bytes(tool: str) -> bytes:
+    """A tool's name as the records hold it: UTF-8, a lone surrogate kept as its three bytes (a name
+    that ``json.loads`` made from a model's escaped text), so that every store takes every name."""
+    return tool.encode("utf-8", "surrogatepass")
+
+
+class ScriptArgs:
+    """Each script's arguments for one store (its TTLs, and the largest value its server takes)."""
+
+    __slots__ = ("committed_ms", "max_value_bytes", "pending_ms", "ttls", "unknown_ms")
+
+    def __init__(self, ttls: StatusTTLs) -> None:
+        self.ttls = ttls
+        self.pending_ms = str(ttls.millis(Status.PENDING)).encode()
+        self.committed_ms = str(ttls.millis(Status.COMMITTED)).encode()
+        self.unknown_ms = str(ttls.millis(Status.UNKNOWN)).encode()
+        # proto-max-bulk-len of the primaries, once read (a larger value is committed without it)
+        self.max_value_bytes = DEFAULT_MAX_BULK
+
+    def first_record(self, request: BeginRequest) -> bytes:
+        """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
+        that a begin can write it with a plain ``SET NX PX`` (no script, the common case)."""
+        owner, key = pack_token(request.token), pack_key(request.idempotency_key)
+        return pack_pending(owner, key, tool_bytes(request.tool), now_ms())
+
+    def begin(self, request: BeginRequest) -> list[Any]:
+        return [
+            pack_key(request.idempotency_key),
+            tool_bytes(request.tool),
+            pack_token(request.token),
+            b"1" if request.reversible else b"0",
+            self.pending_ms,
+            now_ms(),
+        ]
+
+    def commit(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> list[Any]:
+        if value is not None and len(value) > self.max_value_bytes:
+            log.warning(
+                "airlock_redis: the result of %s under tool_call_id=%r is %d bytes, over the server's "
+                "proto-max-bulk-len (%d): it is committed without its value, and replays are refused "
+                "(result_not_stored)",
+                request.tool,
+                request.tool_call_id,
+                len(value),
+                self.max_value_bytes,
+            )
+            value, mac = None, None
+        stored, data = (b"0", b"") if value is None else (b"1", value)
+        return [
+            pack_token(request.token),
+            stored,
+            data,
+            mac or b"",
+            self.committed_ms,
+            now_ms(),
+            pack_key(request.idempotency_key),
+            tool_bytes(request.tool),
+            attempt,
+        ]
+
+    def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> list[Any]:
+        return [
+            pack_token(request.token),
+            settlement.value,
+            self.unknown_ms,
+            pack_key(request.idempotency_key),
+            tool_bytes(request.tool),
+            attempt,
+            TOMBSTONE_MS,
+        ]
+
+    def resolve(  # noqa: PLR0917 - one argument per script argument, passed through
+        self,
+        verdict: Status | Settlement,
+        expect_key: str | None,
+        expect_status: Status | None,
+        expect_owner: str | None,
+        value: bytes | None,
+        mac: bytes | None,
+    ) -> list[Any]:
+        verdict = check_verdict(verdict)
+        if verdict is Settlement.RELEASE:
+            name, ttl = "release", TOMBSTONE_MS
+        elif verdict is Status.COMMITTED:
+            name, ttl = "committed", self.ttls.millis(Status.COMMITTED)
+        else:
+            name, ttl = "unknown", self.ttls.millis(Status.UNKNOWN)
+        # made once: a client's re-send carries the same token, and the script answers "ok" to it
+        owner = "operator:" + secrets.token_hex(8)
+        stored = "1" if value is not None else "0"
+        status = expect_status.value if expect_status is not None else ""
+        return [
+            name,
+            pack_key(expect_key) if expect_key else b"",
+            pack_token(owner),
+            stored,
+            value or b"",
+            mac or b"",
+            ttl,
+            now_ms(),
+            status,
+            pack_token(expect_owner) if expect_owner else b"",
+        ]
+
+
+class ScriptCommand:
+    """The command a transition script travels as, try by try (see :mod:`.redis_store`): the first
+    try an ``EVALSHA`` unless ``with_source``; every re-send, and the answer to NOSCRIPT, an ``EVAL``
+    with the source."""
+
+    __slots__ = ("_args", "_name", "_tries")
+
+    def __init__(self, name: str, key: bytes, args: list[Any], with_source: bool) -> None:
+        self._name = name
+        self._args = (1, key, *args)
+        self._tries = 1 if with_source else 0
+
+    def next_try(self) -> tuple[Any, ...]:
+        self._tries += 1
+        if self._tries == 1:
+            return ("EVALSHA", SHAS[self._name], *self._args)
+        return self.with_source()
+
+    def with_source(self) -> tuple[Any, ...]:
+        return ("EVAL", script_bytes(self._name), *self._args)
