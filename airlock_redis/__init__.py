@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .approval import ApprovalRequest, Approver
-from .attempts import Execution
 from .context import CallContext, current_call_context, current_idempotency_key, tool_call_context
 from .core.ambiguity import AmbiguityRule, explain, is_ambiguous
+from .core.call_machine import Execution
 from .core.canonical import canonical_arguments, idempotency_key
 from .core.errors import (
     REFUSAL_REASONS,

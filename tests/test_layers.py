@@ -25,7 +25,6 @@ LAYERS = {
     "reporting": 2,
     "operator": 2,
     "guard": 3,
-    "attempts": 3,
     "effect_guard": 3,
     "airlock": 4,
     "integrations": 4,
