@@ -17,13 +17,7 @@ import airlock_redis.stores
 
 # Names whose docstring belongs in a file another change owns; each is checked to be still missing, so
 # that this list shrinks as they are written (then delete the entry).
-OWNED_ELSEWHERE: frozenset[str] = frozenset(
-    {  # airlock_redis/stores/base.py: the optional store protocols' methods
-        "DurableEffectStore.aensure_durable",
-        "DurableEffectStore.ensure_durable",
-        "RemoteEffectStore.operator_target",
-    }
-)
+OWNED_ELSEWHERE: frozenset[str] = frozenset()  # names another module's owner has yet to document
 
 EFFECT_REFUSED_ATTRIBUTES = (
     "reason",

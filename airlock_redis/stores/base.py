@@ -114,7 +114,10 @@ class RemoteEffectStore(Protocol):
     command at it (``--url ... --namespace ...``, no password), printed in refusals."""
 
     @property
-    def operator_target(self) -> str: ...
+    def operator_target(self) -> str:
+        """The ``airlock-redis`` options that reach these records (``--url ... --namespace ...``,
+        without a password), printed in refusals' hints."""
+        ...
 
 
 @runtime_checkable
@@ -126,6 +129,11 @@ class DurableEffectStore(Protocol):
 
     wait_replicas: int
 
-    def ensure_durable(self, request: BeginRequest) -> None: ...
+    def ensure_durable(self, request: BeginRequest) -> None:
+        """After a started begin: return once ``wait_replicas`` replicas hold the pending record,
+        else raise a StoreError (the tool then does not run)."""
+        ...
 
-    async def aensure_durable(self, request: BeginRequest) -> None: ...
+    async def aensure_durable(self, request: BeginRequest) -> None:
+        """Coroutine form of :meth:`ensure_durable`."""
+        ...
