@@ -66,7 +66,6 @@ DEFAULT_URL = "redis://localhost:6379/0"
 URL_ENV = "AIRLOCK_REDIS_URL"
 # the --url a refusal shows for a client= whose connection gives no URL
 CLIENT_URL_UNKNOWN = "<the URL of the Redis that the application's client= connects to>"
-_MAX_BULK = "proto-max-bulk-len"
 # a key that holds a list, a hash, a set...: refused as corrupt, never overwritten (as lua/begin.lua says)
 _NOT_A_STRING = "holds another Redis type, not a string: not a record"
 log = logging.getLogger("airlock_redis")
