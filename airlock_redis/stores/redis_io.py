@@ -102,13 +102,24 @@ def blocking_io(client: Callable[[], Any]) -> Callable[[Op], Any]:
     return perform
 
 
-def async_io(client: Callable[[], Any]) -> Callable[[Op], Awaitable[Any]]:
-    """Carry an operation out with the asyncio client ``client()`` returns (the running loop's)."""
+def async_io(
+    client: Callable[[], Any], command: Callable[[tuple[Any, ...]], Awaitable[Any]] | None = None
+) -> Callable[[Op], Awaitable[Any]]:
+    """Carry an operation out with the asyncio client ``client()`` returns (the running loop's); a
+    :class:`Command` through ``command(args)`` when given (the loop's auto-pipeline)."""
+    if command is None:
 
-    async def perform(op: Op) -> Any:
+        async def perform(op: Op) -> Any:
+            return await _ASYNC[type(op)](client(), op)
+
+        return perform
+
+    async def perform_pipelined(op: Op) -> Any:
+        if type(op) is Command:
+            return await command(op.args)
         return await _ASYNC[type(op)](client(), op)
 
-    return perform
+    return perform_pipelined
 
 
 # -- the store's re-sends, once for both ------------------------------------------------------------

@@ -21,8 +21,8 @@ import asyncio
 import logging
 import os
 import shlex
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -40,6 +40,7 @@ from ..core.records import (
 )
 from ..core.stepping import Plan, adrive, drive
 from ..redaction import redact, without_password
+from .autopipe import AutoPipeline
 from .durability import ReplicaWait
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .loop_steps import step as _step
@@ -85,6 +86,11 @@ class RedisEffectStore:
     ``wait_replicas=N`` (with ``wait_timeout`` seconds) makes every started attempt wait until N
     replicas hold its pending record before the tool runs (see :mod:`.durability`).
 
+    ``auto_pipeline`` (on by default): asyncio calls that reach the store while an earlier command of
+    the same loop is on its way are sent together, one pipeline round trip for the lot (see
+    :mod:`.autopipe`); a call that finds nothing on its way is sent at once, alone. Blocking calls are
+    always sent one by one.
+
     Every command goes through the redis-py client's public API (``execute_command``, pipelines).
     Clients the store builds from ``url`` make one try per command and the store re-sends, seeing
     every try (see :mod:`.tries`); a client passed in keeps its own retry policy.
@@ -104,6 +110,7 @@ class RedisEffectStore:
         socket_connect_timeout: float | None = 5.0,
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
+        auto_pipeline: bool = True,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
@@ -158,7 +165,8 @@ class RedisEffectStore:
         self._owns_async_clients = async_client is None or is_factory(async_client)
         # how the operations' plans are carried out: the blocking client, or the running loop's
         self._io = blocking_io(lambda: self.client)
-        self._aio = async_io(self.async_client)
+        self.auto_pipeline = auto_pipeline
+        self._aio = async_io(self.async_client, self._pipelined if auto_pipeline else None)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisEffectStore:
@@ -325,6 +333,10 @@ class RedisEffectStore:
     def async_client(self) -> AsyncClient:
         """The asyncio client for the running event loop (one per loop: asyncio clients are loop-bound)."""
         return self._loop_client().client
+
+    def _pipelined(self, args: tuple[Any, ...]) -> Awaitable[Any]:
+        """Send one command through the running loop's auto-pipeline (see :mod:`.autopipe`)."""
+        return self._loop_client().pipeline.execute(args)
 
     def _loop_client(self) -> _LoopClient:
         loop = asyncio.get_running_loop()
@@ -528,6 +540,10 @@ class _LoopClient:
 
     client: AsyncClient
     closer: AsyncGenerator[None, None] | None = None
+    pipeline: AutoPipeline = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pipeline = AutoPipeline(self.client)
 
     async def aclose(self) -> None:
         await self.client.aclose()

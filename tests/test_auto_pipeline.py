@@ -1,0 +1,306 @@
+"""Auto-pipelining of asyncio calls (issue 27), on a real redis-server.
+
+Concurrent calls' commands that queue up behind a send leave together in one pipeline; each call still
+gets its own reply and its own error: an error reply fails only its call, a NOSCRIPT in a batch is
+re-sent with the script's source, a failed round trip is every waiting call's failure, a caller
+cancelled before its batch left is never sent (and cancels nobody else's), ``auto_pipeline=False``
+sends every command alone, and a lone call is sent at once, never through a pipeline.
+
+What the client sent is seen through a ``redis.asyncio.Redis`` subclass given as ``async_client=``
+that records what each pipeline it makes carries (redis-py's public API).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from airlock_redis import EffectGuard, EffectRefused, RedisEffectStore, Status, tool_call_context
+from airlock_redis.embedded import EmbeddedRedis
+from airlock_redis.stores.autopipe import AutoPipeline, NotSent
+from airlock_redis.stores.tries import never_sent
+from tests.faults import Action, ChaosProxy, Fault, is_command
+
+pytestmark = pytest.mark.redis_server
+
+T = TypeVar("T")
+CALLS = 64  # calls in flight at once: enough that most of them queue behind the first send
+STEP_LIMIT = 30.0  # a bound on each wait, so a broken feature fails instead of hanging
+
+
+class RecordingRedis(aredis.Redis):
+    """An asyncio client that notes the commands of each pipeline it makes."""
+
+    batches: list[list[tuple[Any, ...]]]
+
+    def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        batch: list[tuple[Any, ...]] = []
+        self.batches.append(batch)
+        send = pipe.execute_command
+
+        def recording(*args: Any, **options: Any) -> Any:
+            batch.append(args)
+            return send(*args, **options)
+
+        pipe.execute_command = recording  # type: ignore[method-assign]
+        return pipe
+
+
+def recording_client(url: str) -> RecordingRedis:
+    client = RecordingRedis.from_pool(aredis.ConnectionPool.from_url(url, socket_timeout=5))
+    client.batches = []
+    return client
+
+
+def recording_store(url: str, **options: Any) -> tuple[RedisEffectStore, RecordingRedis]:
+    """A store whose asyncio calls go through a recording client (its blocking reads, a plain one)."""
+    client = recording_client(url)
+    store = RedisEffectStore(
+        client=redis.Redis.from_url(url), async_client=client, namespace=fresh("ap"), **options
+    )
+    return store, client
+
+
+async def within(step: Awaitable[T], what: str) -> T:
+    try:
+        return await asyncio.wait_for(step, STEP_LIMIT)
+    except TimeoutError:
+        pytest.fail(f"{what} did not finish within {STEP_LIMIT:.0f}s", pytrace=False)
+
+
+async def until(fact: Callable[[], bool], what: str) -> None:
+    """Wait (yielding to the loop) until ``fact()`` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + STEP_LIMIT
+    while not fact():
+        if loop.time() > deadline:
+            pytest.fail(f"{what} did not happen within {STEP_LIMIT:.0f}s", pytrace=False)
+        await asyncio.sleep(0.001)
+
+
+def status_of(store: RedisEffectStore, call_id: str) -> Status | None:
+    record = store.get(call_id)
+    return None if record is None else record.status
+
+
+def fresh(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(5)}"
+
+
+def make_guarded(store: RedisEffectStore) -> tuple[Callable[[str, int], Awaitable[Any]], dict[str, int]]:
+    """An async tool under the guard that counts its runs per call id and returns its own input."""
+    runs: dict[str, int] = {}
+
+    async def charge(call: str, cents: int) -> dict[str, Any]:
+        runs[call] = runs.get(call, 0) + 1
+        return {"call": call, "cents": cents}
+
+    tool = EffectGuard(store).wrap(charge)
+
+    async def call(call_id: str, cents: int) -> Any:
+        with tool_call_context(call_id):
+            return await tool(call_id, cents)
+
+    return call, runs
+
+
+# -- the guard over a store that auto-pipelines ------------------------------------------------------
+def test_concurrent_calls_share_pipelines_and_each_gets_its_own_value(redis_server: EmbeddedRedis) -> None:
+    store, client = recording_store(redis_server.url)
+    ids = [fresh("c") for _ in range(CALLS)]
+
+    async def scenario() -> list[Any]:
+        call, runs = make_guarded(store)
+        first = await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the calls")
+        again = await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the replays")
+        assert runs == dict.fromkeys(ids, 1)
+        assert again == first
+        await client.aclose()
+        return first
+
+    values = asyncio.run(scenario())
+    assert values == [{"call": i, "cents": n} for n, i in enumerate(ids)]
+    sizes = [len(batch) for batch in client.batches]
+    assert sizes and max(sizes) > 1, f"no batch of more than one command: {sizes}"
+    for call_id in ids:
+        assert status_of(store, call_id) is Status.COMMITTED
+
+
+def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: EmbeddedRedis) -> None:
+    store, client = recording_store(redis_server.url)
+    ids = [fresh("c") for _ in range(CALLS)]
+    spoiled = ids[CALLS // 2]
+    redis.Redis.from_url(redis_server.url).rpush(store.key(spoiled), b"not a record")
+
+    async def scenario() -> tuple[list[Any], dict[str, int]]:
+        call, runs = make_guarded(store)
+        outcomes = await within(
+            asyncio.gather(*(call(i, n) for n, i in enumerate(ids)), return_exceptions=True), "the calls"
+        )
+        await client.aclose()
+        return outcomes, runs
+
+    outcomes, runs = asyncio.run(scenario())
+    by_id = dict(zip(ids, outcomes, strict=True))
+    assert isinstance(by_id.pop(spoiled), EffectRefused)
+    assert spoiled not in runs
+    assert all(value == {"call": i, "cents": ids.index(i)} for i, value in by_id.items())
+    assert runs == dict.fromkeys(by_id, 1)
+    spoiled_key = store.key(spoiled)
+    shared = [b for b in client.batches if any(spoiled_key in args for args in b) and len(b) > 1]
+    assert shared, "the spoiled call's command never shared a batch: the test proved nothing"
+
+
+def test_a_flushed_script_cache_in_a_batch_is_sent_again_with_the_source(redis_server: EmbeddedRedis) -> None:
+    store, client = recording_store(redis_server.url)
+    admin = redis.Redis.from_url(redis_server.url)
+    ids = [fresh("c") for _ in range(CALLS)]
+
+    async def scenario() -> dict[str, int]:
+        call, runs = make_guarded(store)
+        await call(fresh("warm"), 0)  # the scripts are cached, so commits go as EVALSHA
+        admin.script_flush()
+        client.batches.clear()
+        values = await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the calls")
+        assert values == [{"call": i, "cents": n} for n, i in enumerate(ids)]
+        await client.aclose()
+        return runs
+
+    runs = asyncio.run(scenario())
+    assert {i: runs[i] for i in ids} == dict.fromkeys(ids, 1)
+    for call_id in ids:
+        assert status_of(store, call_id) is Status.COMMITTED
+    names = [args[0] for batch in client.batches if len(batch) > 1 for args in batch]
+    assert "EVALSHA" in names, "no EVALSHA travelled in a batch: the test proved nothing"
+
+
+def test_auto_pipeline_off_sends_every_command_alone(redis_server: EmbeddedRedis) -> None:
+    store, client = recording_store(redis_server.url, auto_pipeline=False)
+    ids = [fresh("c") for _ in range(CALLS)]
+
+    async def scenario() -> dict[str, int]:
+        call, runs = make_guarded(store)
+        await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the calls")
+        await client.aclose()
+        return runs
+
+    assert asyncio.run(scenario()) == dict.fromkeys(ids, 1)
+    assert client.batches == []
+
+
+def test_a_lone_call_is_sent_at_once_without_a_pipeline(redis_server: EmbeddedRedis) -> None:
+    store, client = recording_store(redis_server.url)
+
+    async def scenario() -> None:
+        call, runs = make_guarded(store)
+        for n in range(5):
+            call_id = fresh("c")
+            assert await call(call_id, n) == {"call": call_id, "cents": n}
+            assert runs[call_id] == 1
+        await client.aclose()
+
+    asyncio.run(scenario())
+    assert client.batches == []
+
+
+# -- the auto-pipeline itself, on a real server --------------------------------------------------------
+def blocking_pop(seconds: float) -> tuple[Any, ...]:
+    """A command that holds its connection ``seconds`` (BLPOP on a key nobody pushes to)."""
+    return ("BLPOP", f"ap:nothing:{secrets.token_hex(4)}", seconds)
+
+
+def test_a_caller_cancelled_in_the_queue_is_never_sent_and_cancels_nobody_else(
+    redis_server: EmbeddedRedis,
+) -> None:
+    keys = [f"ap:{secrets.token_hex(5)}" for _ in range(3)]
+
+    async def scenario() -> list[Any]:
+        client = aredis.Redis.from_url(redis_server.url, socket_timeout=5)
+        pipe = AutoPipeline(client, lanes=1)
+        holder = asyncio.ensure_future(pipe.execute(blocking_pop(0.5)))  # the one lane, held
+        await until(lambda: pipe.queued == 0 and not holder.done(), "the hold")
+        waiters = [asyncio.ensure_future(pipe.execute(("SET", key, b"1"))) for key in keys]
+        await until(lambda: pipe.queued == len(keys), "the queue")
+        waiters[1].cancel()
+        await within(holder, "the hold")
+        outcomes = await within(asyncio.gather(*waiters, return_exceptions=True), "the batch")
+        stored = [await client.get(key) for key in keys]
+        await client.aclose()
+        return [*outcomes, *stored]
+
+    first, second, third, *stored = asyncio.run(scenario())
+    assert first is True and third is True
+    assert isinstance(second, asyncio.CancelledError)
+    assert stored == [b"1", None, b"1"]
+
+
+def test_an_error_reply_fails_only_its_command_in_the_batch(redis_server: EmbeddedRedis) -> None:
+    key = f"ap:{secrets.token_hex(5)}"
+
+    async def scenario() -> list[Any]:
+        client = aredis.Redis.from_url(redis_server.url, socket_timeout=5)
+        pipe = AutoPipeline(client, lanes=1)
+        holder = asyncio.ensure_future(pipe.execute(blocking_pop(0.2)))
+        await until(lambda: not holder.done(), "the hold")
+        commands = [("SET", key, b"v"), ("LPUSH", key, b"x"), ("GET", key)]
+        waiters = [asyncio.ensure_future(pipe.execute(args)) for args in commands]
+        await until(lambda: pipe.queued == len(commands), "the queue")
+        outcomes = await within(asyncio.gather(*waiters, return_exceptions=True), "the batch")
+        await within(holder, "the hold")
+        await client.aclose()
+        return outcomes
+
+    set_reply, push_error, value = asyncio.run(scenario())
+    assert set_reply is True
+    assert isinstance(push_error, redis.ResponseError) and "WRONGTYPE" in str(push_error)
+    assert value == b"v"
+
+
+def test_a_connection_cut_mid_batch_fails_every_command_of_it_as_maybe_sent(
+    redis_server: EmbeddedRedis,
+) -> None:
+    """The proxy holds every SET on its way; the first is let through, the batch queued behind it
+    is held in turn, then the connection is cut: each command of the batch fails with a connection
+    error that does not say "never sent" (it may have landed), and the first got its reply."""
+    marker = f"ap:{secrets.token_hex(5)}"
+    hold = Fault(is_command("SET"), Action.DELAY, times=4, delay=float("inf"))  # the first and the batch
+    with ChaosProxy(redis_server.socket_path, [hold]) as proxy:
+
+        async def scenario() -> list[Any]:
+            # one try: the cut is what the caller sees
+            client = aredis.Redis.from_url(proxy.url, socket_timeout=5, retry=Retry(NoBackoff(), 0))
+            pipe = AutoPipeline(client, lanes=1)
+            first = asyncio.ensure_future(pipe.execute(("SET", marker, b"first")))
+            await until(lambda: proxy.holding() == 1, "the first SET held")
+            batch = [asyncio.ensure_future(pipe.execute(("SET", f"{marker}:{n}", b"v"))) for n in range(3)]
+            await until(lambda: pipe.queued == len(batch), "the batch queued")
+            proxy.release_held()
+            await until(lambda: proxy.holding() == len(batch), "the batch held on its way")
+            proxy.cut_all()
+            outcomes = await within(asyncio.gather(first, *batch, return_exceptions=True), "the cut")
+            await client.aclose()
+            return outcomes
+
+        first, *batch = asyncio.run(scenario())
+    assert first is True
+    assert all(isinstance(o, redis.ConnectionError) for o in batch), batch
+    assert not any(never_sent(o) for o in batch)
+
+
+def test_not_sent_says_never_sent() -> None:
+    assert never_sent(NotSent("the auto-pipeline stopped before the command was sent"))
+    assert isinstance(NotSent("x"), redis.ConnectionError)
+
+
+def test_an_auto_pipeline_refuses_a_zero_bound() -> None:
+    with pytest.raises(ValueError, match="limit >= 1"):
+        AutoPipeline(object(), limit=0)
