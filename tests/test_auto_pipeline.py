@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import pytest
 import redis
@@ -56,7 +56,9 @@ class RecordingRedis(aredis.Redis):
 
 
 def recording_client(url: str) -> RecordingRedis:
-    client = RecordingRedis.from_pool(aredis.ConnectionPool.from_url(url, socket_timeout=5))
+    client = cast(
+        RecordingRedis, RecordingRedis.from_pool(aredis.ConnectionPool.from_url(url, socket_timeout=5))
+    )
     client.batches = []
     return client
 
