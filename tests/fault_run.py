@@ -34,7 +34,7 @@ import tempfile
 import threading
 import time
 import zlib
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,6 +81,9 @@ TOOLS = tuple(TAGS)
 SEED_ENV = "AIRLOCK_FAULT_SEED"
 T = TypeVar("T")
 MAX_CALLS_PER_WORKER = 50_000
+# a share of a worker's draws is a burst: async calls made at once on one loop, so that their commands
+# share the store's auto-pipeline (some ids twice in one burst)
+BURST_SHARE = 0.2
 WORKER_GRACE = 60.0  # a worker stops by itself this long after its planned end, whatever happens
 SWEEP_IDS = 400  # ids retried once after the run (a sample when there are more)
 
@@ -294,6 +297,42 @@ class Workload:
 
     def call(self, tool_call_id: str, kind: str = "sync") -> dict[str, Any]:
         """One guarded call; returns (and sinks) its ``call`` event."""
+        if kind == "async":
+            return self.burst([tool_call_id])[0]
+        event, fn, keys = self._starting(tool_call_id, kind)
+        try:
+            with tool_call_context(tool_call_id):
+                self._outcome(event, fn(**args_for(tool_call_id)))
+        except BaseException as exc:
+            self._outcome(event, exc)
+        finally:
+            self._ended(event, keys)
+        self._sink_steps()
+        return event
+
+    def burst(self, tool_call_ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Async guarded calls made at once on one event loop (so their commands share the store's
+        auto-pipeline); returns (and sinks) their ``call`` events, in order."""
+
+        async def one(tool_call_id: str) -> dict[str, Any]:
+            event, fn, keys = self._starting(tool_call_id, "async")
+            event["burst"] = len(tool_call_ids)
+            try:
+                self._outcome(event, await _acall(fn, tool_call_id))
+            except BaseException as exc:
+                self._outcome(event, exc)
+            finally:
+                self._ended(event, keys)
+            return event
+
+        async def every() -> list[dict[str, Any]]:
+            return list(await asyncio.gather(*(one(i) for i in tool_call_ids)))
+
+        events = self._async_loop().run_until_complete(every())
+        self._sink_steps()
+        return events
+
+    def _starting(self, tool_call_id: str, kind: str) -> tuple[dict[str, Any], Any, tuple[Any, Any]]:
         tool = tool_call_id.split(":", 1)[0]
         wait = self.wait_of(tool_call_id)
         fn = self.tools[wait][tool, kind]
@@ -313,28 +352,31 @@ class Workload:
             "nonce": nonce,
             "started": time.time(),
         }
-        try:
-            if kind == "async":
-                value = self._async_loop().run_until_complete(_acall(fn, tool_call_id))
-            else:
-                with tool_call_context(tool_call_id):
-                    value = fn(**args_for(tool_call_id))
+        return event, fn, keys
+
+    @staticmethod
+    def _outcome(event: dict[str, Any], value: Any) -> None:
+        if isinstance(value, EffectRefused):
+            event.update(result=f"refused:{value.reason}", detail=str(value)[:300])
+        elif isinstance(value, Exception):
+            event.update(result=f"error:{type(value).__name__}", detail=str(value)[:300])
+        elif isinstance(value, BaseException):
+            raise value
+        else:
             event["value_call"] = value["call"]
-            event["result"] = "executed" if value["call"] == nonce else "replayed"
-        except EffectRefused as refused:
-            event.update(result=f"refused:{refused.reason}", detail=str(refused)[:300])
-        except Exception as exc:
-            event.update(result=f"error:{type(exc).__name__}", detail=str(exc)[:300])
-        finally:
-            _CALL_KEY.reset(keys[0])
-            _NONCE.reset(keys[1])
+            event["result"] = "executed" if value["call"] == event["nonce"] else "replayed"
+
+    def _ended(self, event: dict[str, Any], keys: tuple[Any, Any]) -> None:
+        _CALL_KEY.reset(keys[0])
+        _NONCE.reset(keys[1])
         event["ended"] = time.time()
         self.sink(event)
+
+    def _sink_steps(self) -> None:
         for store in self.stores.values():
             steps, store.steps = store.steps, []
             for step in steps:
                 self.sink(step)
-        return event
 
     def _async_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
@@ -430,11 +472,19 @@ def worker_main(plan: WorkerPlan, go: Any, stop: Any) -> None:
                 else:
                     tool_call_id = f"{TOOLS[(plan.worker + made) % 3]}:{plan.worker}:{made}"
                     made += 1
-                kind = "async" if rng.random() < 0.5 else "sync"
-                event = workload.call(tool_call_id, kind)
-                failed = str(event["result"]).startswith(("refused:store", "error"))
-                again = tool_call_id if failed else None
-                if str(event["result"]).startswith("refused:store"):
+                draw = rng.random()
+                if draw < BURST_SHARE:  # this id and others at once, some of them twice
+                    others = [
+                        f"{TOOLS[(plan.worker + made + k) % 3]}:{plan.worker}:{made + k}" for k in range(3)
+                    ]
+                    made += len(others)
+                    burst = [tool_call_id, *others, *rng.sample([tool_call_id, *others], 2)]
+                    events = workload.burst(burst)
+                else:
+                    events = [workload.call(tool_call_id, "async" if draw < 0.5 else "sync")]
+                failed = [e for e in events if str(e["result"]).startswith(("refused:store", "error"))]
+                again = str(failed[0]["id"]) if failed else None
+                if any(str(e["result"]).startswith("refused:store") for e in events):
                     time.sleep(rng.uniform(0.005, 0.05))  # a client's backoff: no tight loop in an outage
         finally:
             workload.close()
