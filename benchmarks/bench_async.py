@@ -1,11 +1,13 @@
 """Async guarded calls against a raw redis.asyncio floor, at several concurrency levels.
 
-Each guarded call is two round trips to Redis (the begin, a plain ``SET NX`` on a key that holds
+Each guarded call is two commands to Redis (the begin, a plain ``SET NX`` on a key that holds
 nothing, then the ``commit`` script) around an async tool that returns at once. The floor makes two
 round trips of the same shape with no guard at all: ``SET key value NX PX`` then
 ``SET key value XX PX``, with a value as large as the guarded call's stored result, over the same
-connection pool. The ratio guarded/floor is the share of
-the raw Redis throughput the guard keeps.
+connection pool, one command per round trip. The ratio guarded/floor is the share of the raw Redis
+throughput the guard keeps (above 1: the store's auto-pipelining sends concurrent calls' commands
+together). Both modes of the store are measured in each round: with auto-pipelining (the default)
+and without (``auto_pipeline=False``, every command alone, as the floor).
 
     python -m benchmarks.bench_async                     # 3000 calls per level, levels 1 64 256
     python -m benchmarks.bench_async --calls 500 --json out.json
@@ -46,12 +48,18 @@ class Level:
     floor_calls_per_s: float
     guarded_calls_per_s: float
     ratios: tuple[float, ...] = ()
+    unpipelined_calls_per_s: float = 0.0  # the store with auto_pipeline=False
+    unpipelined_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
         if self.ratios:
             return statistics.median(self.ratios)
         return self.guarded_calls_per_s / self.floor_calls_per_s
+
+    @property
+    def unpipelined_ratio(self) -> float:
+        return statistics.median(self.unpipelined_ratios) if self.unpipelined_ratios else 0.0
 
 
 async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> float:
@@ -70,8 +78,13 @@ async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[Non
     return calls / (time.perf_counter() - started)
 
 
-async def measure_level(
-    store: RedisEffectStore, concurrency: int, calls: int, rounds: int, warmup: int
+async def measure_level(  # noqa: PLR0917
+    store: RedisEffectStore,
+    concurrency: int,
+    calls: int,
+    rounds: int,
+    warmup: int,
+    unpipelined: RedisEffectStore | None = None,
 ) -> Level:
     client = store.async_client()  # the guard's own pool, for the floor too
     value = encode_result(RESULT, DEFAULT_MAX_RESULT_BYTES)
@@ -80,7 +93,9 @@ async def measure_level(
     async def charge(account: str, cents: int) -> dict[str, object]:
         return RESULT
 
-    tool = EffectGuard(store).wrap(charge)
+    tools = {"auto": EffectGuard(store).wrap(charge)}
+    if unpipelined is not None:
+        tools["alone"] = EffectGuard(unpipelined).wrap(charge)
     run = secrets.token_hex(4)
 
     async def floor_call(i: int) -> None:
@@ -88,43 +103,61 @@ async def measure_level(
         await client.set(key, value, nx=True, px=ttl_ms)
         await client.set(key, value, xx=True, px=ttl_ms)
 
-    def guarded_call(prefix: str) -> Callable[[int], Awaitable[None]]:
+    def guarded_call(mode: str, prefix: str) -> Callable[[int], Awaitable[None]]:
+        tool = tools[mode]
+
         async def one(i: int) -> None:
-            with tool_call_context(f"{prefix}-{i}"):
+            with tool_call_context(f"{prefix}-{mode}-{i}"):
                 await tool("acct_1", 2500)
 
         return one
 
     await drive(warmup, concurrency, floor_call)
-    await drive(warmup, concurrency, guarded_call(f"warm-{run}-{concurrency}"))
-    floor, guarded = [], []
-    for r in range(rounds):  # interleaved: each round's ratio compares neighbours in time
+    for mode in tools:
+        await drive(warmup, concurrency, guarded_call(mode, f"warm-{run}-{concurrency}"))
+    floor: list[float] = []
+    guarded: dict[str, list[float]] = {mode: [] for mode in tools}
+    for r in range(rounds):  # interleaved: each round's ratios compare neighbours in time
         floor.append(await drive(calls, concurrency, floor_call))
-        guarded.append(await drive(calls, concurrency, guarded_call(f"g-{run}-{concurrency}-{r}")))
-    ratios = tuple(g / f for g, f in zip(guarded, floor, strict=True))
-    return Level(concurrency, calls, statistics.median(floor), statistics.median(guarded), ratios)
+        for mode, figures in guarded.items():
+            figures.append(await drive(calls, concurrency, guarded_call(mode, f"g-{run}-{concurrency}-{r}")))
+    alone = guarded.get("alone", [])
+    return Level(
+        concurrency,
+        calls,
+        statistics.median(floor),
+        statistics.median(guarded["auto"]),
+        tuple(g / f for g, f in zip(guarded["auto"], floor, strict=True)),
+        statistics.median(alone) if alone else 0.0,
+        tuple(g / f for g, f in zip(alone, floor, strict=True)),
+    )
 
 
 async def measure(url: str, levels: Sequence[int], calls: int, rounds: int, warmup: int) -> list[Level]:
     store = RedisEffectStore(url, namespace="bench", committed_ttl=120)
+    unpipelined = RedisEffectStore(url, namespace="bench", committed_ttl=120, auto_pipeline=False)
     try:
-        return [await measure_level(store, c, calls, rounds, warmup) for c in levels]
+        return [await measure_level(store, c, calls, rounds, warmup, unpipelined) for c in levels]
     finally:
         await store.aclose()
+        await unpipelined.aclose()
 
 
 def report(levels: Sequence[Level], out: Any = sys.stdout) -> None:
     print(
-        f"{'concurrency':>11}  {'floor calls/s':>14}  {'guarded calls/s':>16}  {'guarded/floor':>13}  range",
+        f"{'concurrency':>11}  {'floor calls/s':>14}  {'guarded calls/s':>16}  {'guarded/floor':>13}  "
+        f"{'range':>9}  {'one by one calls/s':>18}  {'one by one/floor':>16}",
         file=out,
     )
     for level in levels:
+        low, high = min(level.ratios, default=level.ratio), max(level.ratios, default=level.ratio)
         print(
             f"{level.concurrency:>11}  {level.floor_calls_per_s:>14,.0f}  "
-            f"{level.guarded_calls_per_s:>16,.0f}  {level.ratio:>13.2f}  "
-            f"{min(level.ratios, default=level.ratio):.2f}-{max(level.ratios, default=level.ratio):.2f}",
+            f"{level.guarded_calls_per_s:>16,.0f}  {level.ratio:>13.2f}  {low:.2f}-{high:.2f}  "
+            f"{level.unpipelined_calls_per_s:>18,.0f}  {level.unpipelined_ratio:>16.2f}",
             file=out,
         )
+    print("guarded: the store's defaults (auto-pipelining); one by one: auto_pipeline=False", file=out)
 
 
 def figures(levels: Sequence[Level], args: argparse.Namespace) -> dict[str, Any]:
@@ -134,7 +167,10 @@ def figures(levels: Sequence[Level], args: argparse.Namespace) -> dict[str, Any]
         "rounds": args.rounds,
         "transport": "tcp" if args.tcp else "unix",
         "python": platform.python_version(),
-        "levels": [{**asdict(level), "ratio": level.ratio} for level in levels],
+        "levels": [
+            {**asdict(level), "ratio": level.ratio, "unpipelined_ratio": level.unpipelined_ratio}
+            for level in levels
+        ],
         "how": "medians over rounds; the ratio is guarded/floor per round, its median reported",
     }
 

@@ -31,6 +31,9 @@ def test_bench_async_produces_figures_for_each_level(tmp_path: Path) -> None:
         assert level["calls"] == 20
         assert level["floor_calls_per_s"] > 0 and level["guarded_calls_per_s"] > 0
         assert level["ratio"] == pytest.approx(level["guarded_calls_per_s"] / level["floor_calls_per_s"])
+        assert level["unpipelined_calls_per_s"] > 0  # the store with auto_pipeline=False, beside it
+        ratio = level["unpipelined_calls_per_s"] / level["floor_calls_per_s"]
+        assert level["unpipelined_ratio"] == pytest.approx(ratio)
 
 
 def test_bench_async_rejects_a_non_positive_count() -> None:
