@@ -129,7 +129,7 @@ async def measure_level(  # noqa: PLR0917
         statistics.median(guarded["auto"]),
         tuple(g / f for g, f in zip(guarded["auto"], floor, strict=True)),
         statistics.median(alone) if alone else 0.0,
-        tuple(g / f for g, f in zip(alone, floor, strict=True)),
+        tuple(g / f for g, f in zip(alone, floor, strict=True)) if alone else (),
     )
 
 
