@@ -697,8 +697,8 @@ class TracedStore(RedisEffectStore):
         try:
             client: Any = self._client
             with contextlib.suppress(RuntimeError):
-                held = self._async_clients.get(asyncio.get_running_loop())
-                client = held.client if held is not None else client
+                if asyncio.get_running_loop() in self.async_client_loops:
+                    client = self.async_client()
             pool = getattr(client, "connection_pool", None)
             address = getattr(pool, "master_address", None)
             if address is None and client is not None and hasattr(client, "get_node_from_key"):

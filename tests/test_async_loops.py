@@ -123,7 +123,7 @@ def test_successive_asyncio_runs_share_a_store_without_piling_up_connections(
             return list(await asyncio.wait_for(calls, HANG_LIMIT))  # fails instead of hanging
 
         assert asyncio.run(main()) == list(range(8))
-        assert store._async_clients == {}
+        assert store.async_client_loops == frozenset()
         server.settle(0)  # every connection of the loop's client is closed with its loop
     # and every loop's calls were recorded through the one store
     check = RedisEffectStore(private_server.url, namespace=namespace)
@@ -156,9 +156,9 @@ def test_loops_closed_without_shutting_down_async_generators_are_forgotten(
             assert loop.run_until_complete(raw_call(i)) == i
         finally:
             loop.close()  # no shutdown_asyncgens(): the store only learns of it on the next loop
-        assert len(store._async_clients) == 1  # the earlier closed loops' clients were let go
+        assert len(store.async_client_loops) == 1  # the earlier closed loops' clients were let go
     assert asyncio.run(call(tool, "raw-final", 1)) == 1
-    assert store._async_clients == {}
+    assert store.async_client_loops == frozenset()
     # a closed loop cannot close its client: the client's connections close when it is collected,
     # which nothing may prevent (no reference to it left anywhere)
     gc.collect()
@@ -180,7 +180,7 @@ def test_aclose_closes_the_running_loops_client_and_the_store_reconnects(
         assert server.now() == 1
         await store.aclose()
         server.settle(0)
-        assert store._async_clients == {}
+        assert store.async_client_loops == frozenset()
         assert await call(tool, "ac-1", 1) == 1  # a replay, over a new client
         assert store.async_client() is not first
 
@@ -233,5 +233,5 @@ def test_threads_with_their_own_loops_each_get_a_client(
     assert not any(thread.is_alive() for thread in threads), "a loop did not finish within 60s"
     assert errors == []
     assert len(set(clients.values())) == 4
-    assert store._async_clients == {}
+    assert store.async_client_loops == frozenset()
     server.settle(0)

@@ -180,7 +180,7 @@ def test_async_with_closes_the_running_loops_client(redis_server: EmbeddedRedis,
             assert await client.ping()
             during = _connected(client)
         loop = asyncio.get_running_loop()
-        return client, during, _connected(client), loop in store._async_clients
+        return client, during, _connected(client), loop in store.async_client_loops
 
     _, during, after, still_held = asyncio.run(main())
     assert any(during)

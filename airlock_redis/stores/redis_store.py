@@ -334,6 +334,12 @@ class RedisEffectStore:
         """The asyncio client for the running event loop (one per loop: asyncio clients are loop-bound)."""
         return self._loop_client().client
 
+    @property
+    def async_client_loops(self) -> frozenset[asyncio.AbstractEventLoop]:
+        """The event loops whose asyncio client the store holds now (a client the store made is
+        closed, and let go, when its loop shuts down)."""
+        return frozenset(self._async_clients)
+
     def _pipelined(self, args: tuple[Any, ...]) -> Awaitable[Any]:
         """Send one command through the running loop's auto-pipeline (see :mod:`.autopipe`)."""
         return self._loop_client().pipeline.execute(args)
