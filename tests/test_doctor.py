@@ -10,7 +10,8 @@ import pytest
 import redis
 
 from airlock_redis.cli import main
-from airlock_redis.cli.doctor_cmd import _PROBES, Check, diagnose, exit_status
+from airlock_redis.cli.doctor_cmd import Check, diagnose, exit_status
+from airlock_redis.cli.doctor_permissions import _PROBES
 from airlock_redis.embedded import EmbeddedRedis, free_port
 from airlock_redis.stores.acl import DURABILITY_COMMANDS, OPTIONAL_COMMANDS, required_commands
 
