@@ -14,8 +14,7 @@ import argparse
 import json
 
 from ..core.errors import StoreError
-from ..operator import read_audit
-from .common import EXIT_OK, add_target_arguments, open_store, positive_int, store_failed
+from .common import EXIT_OK, add_target_arguments, open_operator_store, positive_int, store_failed
 
 HELP = "show the operators' verdicts on this namespace's records (the audit stream), newest first"
 
@@ -34,9 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_operator_store(args) as views:
         try:
-            entries = read_audit(store.client, store.namespace, limit=args.limit)
+            entries = views.read_audit(limit=args.limit)
         except StoreError as exc:
             return store_failed(exc, args)
     if args.json:
@@ -44,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(entry, sort_keys=True, ensure_ascii=False))
         return EXIT_OK
     if not entries:
-        print(f"no verdicts recorded in {store.namespace!r} yet")
+        print(f"no verdicts recorded in {views.namespace!r} yet")
         return EXIT_OK
     for entry in entries:
         before = entry.get("before") or {}

@@ -19,6 +19,7 @@ from ..core.ids import usable_tool_call_id
 from ..embedded import EmbeddedRedis, find_redis_server, free_port
 from ..redaction import redact, without_password
 from ..stores.keys import DEFAULT_NAMESPACE, check_namespace
+from ..stores.operator_view import OperatorStore, views_of
 from ..stores.redis_store import RedisEffectStore
 from ..stores.registry import scheme_of, schemes, store_from_url
 from ..stores.url import CONNECT_ERRORS, RedisURL, SyncClient, describe_url, parse_url, sync_client
@@ -251,6 +252,15 @@ def open_store(args: argparse.Namespace) -> Iterator[RedisEffectStore]:
         yield store
     finally:
         store.close()
+
+
+@contextmanager
+def open_operator_store(args: argparse.Namespace) -> Iterator[OperatorStore]:
+    """The operator's views (:class:`~..stores.operator_view.OperatorStore`) of the store
+    :func:`open_store` opens: what ``inspect``, ``list``, ``resolve`` and ``audit`` read and write
+    through (never a Redis client of their own)."""
+    with open_store(args) as store:
+        yield views_of(store)
 
 
 def store_failed(exc: BaseException, args: argparse.Namespace) -> int:

@@ -12,14 +12,14 @@ import json
 import sys
 
 from ..core.errors import StoreError
-from ..operator import RecordView, format_duration, read_record
+from ..operator import RecordView, format_duration
 from ..redaction import redact
 from .common import (
     EXIT_NOT_FOUND,
     EXIT_OK,
     add_target_arguments,
     non_negative_int,
-    open_store,
+    open_operator_store,
     store_failed,
     tool_call_id_argument,
 )
@@ -74,9 +74,9 @@ def render(view: RecordView, preview_chars: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    with open_store(args) as store:
+    with open_operator_store(args) as views:
         try:
-            view = read_record(store.client, store.namespace, args.tool_call_id)
+            view = views.read_record(args.tool_call_id)
         except StoreError as exc:
             return store_failed(exc, args)
     if view is None:

@@ -18,9 +18,16 @@ import re
 import sys
 
 from ..core.errors import StoreError
-from ..operator import ListFilter, format_duration, list_records, parse_duration
+from ..operator import ListFilter, ListQuery, format_duration, parse_duration
 from ..redaction import redact
-from .common import EXIT_OK, EXIT_USAGE, add_target_arguments, open_store, positive_int, store_failed
+from .common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    add_target_arguments,
+    open_operator_store,
+    positive_int,
+    store_failed,
+)
 
 _CURSOR = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
 HELP = "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than"
@@ -73,17 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     where = ListFilter(status=args.status, tool=args.tool, older_than_s=args.older_than)
-    with open_store(args) as store:
+    with open_operator_store(args) as views:
         try:
-            page = list_records(
-                store.client,
-                store.namespace,
-                where=where,
-                limit=args.limit,
-                scan_count=args.scan_count,
-                max_scanned=args.max_scan,
-                cursor=args.cursor,
-            )
+            query = ListQuery(where, args.limit, args.scan_count, args.max_scan, args.cursor)
+            page = views.list_records(query)
         except StoreError as exc:
             return store_failed(exc, args)
         except ValueError as exc:  # the arguments: a cursor no list printed

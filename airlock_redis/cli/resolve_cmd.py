@@ -48,7 +48,6 @@ from ..operator import (
     RecordView,
     audit_log_path,
     digest,
-    read_record,
 )
 from ..redaction import redact
 from .common import (
@@ -60,7 +59,7 @@ from .common import (
     EXIT_REFUSED,
     EXIT_USAGE,
     add_target_arguments,
-    open_store,
+    open_operator_store,
     operator_url,
     store_failed,
     tool_call_id_argument,
@@ -207,9 +206,9 @@ def _run(args: argparse.Namespace) -> int:
     if isinstance(inputs, int):
         return inputs
     value, signing_key = inputs
-    with open_store(args) as store:
+    with open_operator_store(args) as views:
         try:
-            view = read_record(store.client, store.namespace, args.tool_call_id)
+            view = views.read_record(args.tool_call_id)
         except StoreError as exc:
             return store_failed(exc, args)
         if view is None:
@@ -234,16 +233,16 @@ def _run(args: argparse.Namespace) -> int:
                 return declined
         try:
             echo = io.StringIO()  # the entry goes on stderr only if the stream refuses it
-            audit = AuditLog(
-                audit_log_path(args.audit_log), client=store.client, namespace=store.namespace, echo=echo
-            )
+            audit = AuditLog(audit_log_path(args.audit_log), trail=views, echo=echo)
         except OSError as exc:
             return _fail(EXIT_AUDIT_FAILED, f"cannot write the audit log, so nothing was done: {exc}")
         with audit:
-            guard = EffectGuard(store, signing_key=signing_key)
+            # the guard encodes and signs the value and fences the verdict; it lands through the
+            # store's resolve transition, as OperatorStore.resolve does
+            guard = EffectGuard(views.store, signing_key=signing_key)
             expect = view.idempotency_key if view.idempotency_key else args.expect_key
             fence = shown_fence(view, expect)
-            entry = _audit_entry(args, store.namespace, view, expect, value, signed=bool(signing_key))
+            entry = _audit_entry(args, views.namespace, view, expect, value, signed=bool(signing_key))
             try:
                 target: dict[str, Any] = (
                     {"force": True, "expect_key": expect} if args.force else {"seen": fence}

@@ -11,6 +11,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from ..core.errors import StoreError
 from ..core.records import (
@@ -23,6 +24,18 @@ from ..core.records import (
     TransitionResult,
 )
 from .base import check_verdict
+from .keys import DEFAULT_NAMESPACE
+from .operator_view import (
+    AUDIT_MAX_ENTRIES,
+    FIRST_PAGE,
+    ListPage,
+    ListQuery,
+    RecordView,
+    StoreViews,
+    audit_entry,
+    parse_cursor,
+    view_of_record,
+)
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
 
 
@@ -39,6 +52,7 @@ class _Row:
         "mac",
         "owner",
         "released",
+        "seq",
         "status",
         "stored",
         "tool",
@@ -58,6 +72,7 @@ class _Row:
         self.committed_ms: int | None = None
         self.expires_at = 0.0  # on the store's clock, seconds
         self.released: frozenset[str] = frozenset()  # tokens that gave this key's record back
+        self.seq = 0  # when the id came into the store (its place in an operator's listing)
 
     def commit(self, owner: str, value: bytes | None, mac: bytes | None, now_ms: int) -> None:
         self.status = Status.COMMITTED
@@ -100,6 +115,9 @@ class InMemoryEffectStore:
         self._queue: deque[str] = deque()
         self._admitted = 0
         self._lock = threading.Lock()
+        # the operators' audit entries (JSON text, oldest first), see InMemoryOperatorView
+        self._audit: deque[tuple[str, str]] = deque(maxlen=AUDIT_MAX_ENTRIES)
+        self._audited = 0
 
     def __repr__(self) -> str:
         return f"InMemoryEffectStore(records={len(self._rows)})"
@@ -151,6 +169,9 @@ class InMemoryEffectStore:
         released before (plus ``released``)."""
         if old is not None:
             row.released = old.released
+            row.seq = old.seq
+        else:
+            row.seq = self._admitted + 1  # the number _admit gives it
         if released:
             row.released = row.released | {released}
         self._rows[tool_call_id] = row
@@ -300,6 +321,32 @@ class InMemoryEffectStore:
             self._keep(row, now)
             return TransitionResult.OK
 
+    # -- what the operator's views read (InMemoryOperatorView) ----------------------------------
+    def operator_view(self) -> InMemoryOperatorView:
+        """The operator's views of these records (:class:`~.operator_view.OperatorStore`): read,
+        list, resolve, and an audit trail kept in this process."""
+        return InMemoryOperatorView(self)
+
+    def _ids_after(self, seq: int) -> list[tuple[int, str]]:
+        """The ids of the live rows that came in after ``seq``, each with its place, in the order
+        they came (tombstones included)."""
+        with self._lock:
+            now = self._clock()
+            return sorted(
+                (row.seq, tool_call_id)
+                for tool_call_id, row in self._rows.items()
+                if row.seq > seq and row.expires_at > now
+            )
+
+    def _add_audit(self, text: str) -> None:
+        with self._lock:
+            self._audited += 1
+            self._audit.append((f"{_wall_ms()}-{self._audited}", text))
+
+    def _newest_audit(self, limit: int) -> list[tuple[str, str]]:
+        with self._lock:
+            return [self._audit[-i] for i in range(1, min(limit, len(self._audit)) + 1)]
+
     # -- the same, for coroutines (nothing here blocks) ------------------------------------------
     async def abegin(self, request: BeginRequest) -> BeginOutcome:
         """Coroutine form of :meth:`begin` (nothing here waits)."""
@@ -340,6 +387,51 @@ class InMemoryEffectStore:
             value=value,
             mac=mac,
         )
+
+
+class InMemoryOperatorView(StoreViews[InMemoryEffectStore]):
+    """:class:`~.operator_view.OperatorStore` over an :class:`InMemoryEffectStore` (made by its
+    :meth:`~InMemoryEffectStore.operator_view`). A listing goes through the records in the order their
+    ids came into the store (a cursor is ``0:<the last place examined>:<records after it to skip>``);
+    the audit trail lives in the store, in this process, and keeps the newest
+    :data:`~.operator_view.AUDIT_MAX_ENTRIES` entries. ``namespace`` is only what audit entries name:
+    an in-memory store holds one set of records."""
+
+    def __init__(self, store: InMemoryEffectStore, *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        super().__init__(store, namespace)
+
+    def read_record(self, tool_call_id: str) -> RecordView | None:
+        """The record with its value, as the store's ``get`` answers it; None when there is none."""
+        record = self.store.get(tool_call_id)
+        return view_of_record(record) if record is not None else None
+
+    def list_records(self, query: ListQuery = FIRST_PAGE) -> ListPage:
+        """Records that pass ``query.where``, in the order they came, without their values
+        (``scan_count`` is not used: the rows are in this process)."""
+        _, after, skip = parse_cursor(query.cursor, 1)
+        rows = self.store._ids_after(after)
+        now_ms = _wall_ms()
+        found: list[RecordView] = []
+        for scanned, (place, tool_call_id) in enumerate(rows, start=1):
+            record = self.store.get(tool_call_id)  # None: a tombstone, or gone since
+            if record is not None:
+                view = view_of_record(record, with_value=False)
+                if query.where.accepts(view, now_ms):
+                    if skip:
+                        skip -= 1
+                    else:
+                        found.append(view)
+            if (len(found) >= query.limit or scanned >= query.max_scanned) and scanned < len(rows):
+                return ListPage(found, scanned, f"0:{place}:0")
+        return ListPage(found, len(rows), None)
+
+    def append_audit(self, text: str) -> None:
+        """Keep the entry in the store's audit trail (in this process)."""
+        self.store._add_audit(text)
+
+    def read_audit(self, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries, newest first."""
+        return [audit_entry(text, entry_id) for entry_id, text in self.store._newest_audit(limit)]
 
 
 def _wall_ms() -> int:
