@@ -306,3 +306,67 @@ def test_not_sent_says_never_sent() -> None:
 def test_an_auto_pipeline_refuses_a_zero_bound() -> None:
     with pytest.raises(ValueError, match="limit >= 1"):
         AutoPipeline(object(), limit=0)
+
+
+class HeldClient:
+    """A stand-in client for the unit layer: send number ``n`` (a command, or a pipeline) waits until
+    ``let(n)``, then answers b"ok" per command (no server: what is checked here is who is told what
+    when a send is cut)."""
+
+    def __init__(self) -> None:
+        self.gates: list[asyncio.Event] = []
+        self.sent: list[tuple[Any, ...]] = []
+
+    def let(self, n: int) -> None:
+        self.gates[n].set()
+
+    async def _held(self, commands: list[tuple[Any, ...]]) -> list[bytes]:
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        self.sent.extend(commands)
+        await gate.wait()
+        return [b"ok"] * len(commands)
+
+    async def execute_command(self, *args: Any) -> bytes:
+        return (await self._held([args]))[0]
+
+    def pipeline(self, transaction: bool = True) -> HeldClient.Pipe:
+        return HeldClient.Pipe(self)
+
+    class Pipe:
+        def __init__(self, client: HeldClient) -> None:
+            self.client = client
+            self.stack: list[tuple[Any, ...]] = []
+
+        def execute_command(self, *args: Any) -> None:
+            self.stack.append(args)
+
+        async def execute(self, raise_on_error: bool = True) -> list[bytes]:
+            return await self.client._held(self.stack)
+
+
+def test_a_cancelled_sender_tells_its_batch_maybe_landed_and_the_queue_never_sent() -> None:
+    async def scenario() -> tuple[list[Any], list[tuple[Any, ...]]]:
+        client = HeldClient()
+        pipe = AutoPipeline(client, lanes=1)
+        first = asyncio.ensure_future(pipe.execute(("SET", "a", 1)))
+        await until(lambda: len(client.sent) == 1, "the first send")
+        batch = [asyncio.ensure_future(pipe.execute(("SET", f"b{n}", 1))) for n in range(2)]
+        await until(lambda: pipe.queued == 2, "the batch queued")
+        client.let(0)
+        await within(first, "the first send")
+        await until(lambda: len(client.sent) == 3, "the batch sent")
+        late = [asyncio.ensure_future(pipe.execute(("SET", f"c{n}", 1))) for n in range(2)]
+        await until(lambda: pipe.queued == 2, "the late ones queued")
+        senders = [t for t in asyncio.all_tasks() if "_send_queued" in repr(t.get_coro())]
+        assert len(senders) == 1
+        senders[0].cancel()
+        outcomes = await within(asyncio.gather(*batch, *late, return_exceptions=True), "the outcomes")
+        return outcomes, client.sent
+
+    (b0, b1, c0, c1), sent = asyncio.run(scenario())
+    for in_flight in (b0, b1):
+        assert isinstance(in_flight, redis.ConnectionError) and not never_sent(in_flight)
+    for queued in (c0, c1):
+        assert isinstance(queued, NotSent) and never_sent(queued)
+    assert [args[1] for args in sent] == ["a", "b0", "b1"]  # the late ones never left

@@ -107,12 +107,16 @@ class AutoPipeline:
                 for args, _ in batch:
                     pipe.execute_command(*args)
                 replies = await pipe.execute(raise_on_error=False)
+            if len(replies) != len(batch):  # never seen; no reply may go to the wrong caller
+                raise redis.ConnectionError(
+                    f"the pipeline answered {len(replies)} replies for {len(batch)} commands"
+                )
         except asyncio.CancelledError:  # the loop shuts down: the batch may have landed
             interrupted = redis.ConnectionError("the batch was interrupted on its way: it may have landed")
             for _, waiting in batch:
                 _settle(waiting, None, _own_copy(interrupted))
             raise
-        except Exception as exc:  # the round trip failed: every command's failure, as if sent alone
+        except Exception as exc:  # the round trip failed (or redis-py did): every command's failure
             for _, waiting in batch:
                 _settle(waiting, None, _own_copy(exc))
             return
