@@ -45,6 +45,8 @@ BENCH_FIGURES = {
     "config",
     "elapsed_s",
     "target",
+    "mode",
+    "auto_pipeline",
 }
 
 
@@ -75,6 +77,7 @@ def test_bench_cli_runs_and_writes_every_figure(tmp_path: Path, capsys: pytest.C
     figures = json.loads(out.read_text())
     assert set(figures) >= BENCH_FIGURES
     assert figures["calls"] == 200
+    assert figures["mode"] == "threads" and figures["auto_pipeline"] is None  # threads: not applicable
     assert figures["duplicate_executions"] == 0
     assert figures["verdict"] == "ok"
     assert figures["error_count"] == 0
@@ -237,7 +240,9 @@ def test_bench_sweep_runs_once_per_process_count(tmp_path: Path, capsys: pytest.
     out, png = tmp_path / "sweep.json", tmp_path / "sweep.png"
     argv = ["bench", "--sweep", "1,2", "--concurrency", "2", "--calls", "120", "--value-bytes", "16"]
     assert cli_main([*argv, "--json", str(out), "--plot", str(png)]) == 0
-    points = json.loads(out.read_text())["points"]
+    figures = json.loads(out.read_text())
+    assert figures["sweep"] == "processes" and figures["mode"] == "threads"
+    points = figures["points"]
     assert [p["processes"] for p in points] == [1, 2]
     for point in points:
         assert point["calls"] == 120 and point["duplicate_executions"] == 0

@@ -10,7 +10,17 @@ SAMPLES 0 on a sample of its keys). ``--cluster`` is kept so that old command li
 changes nothing, and is refused (exit 2) only with a URL whose scheme names no Cluster.
 
 By default it runs 4 worker processes (or as many as the machine has CPUs, if that is fewer) of 8
-threads each for 6 seconds. ``--help`` shows every default. The progress bar and the table of figures
+threads each for 6 seconds, making blocking calls. ``--mode asyncio`` runs one event loop per
+process instead, with ``--concurrency`` coroutines awaiting an ``async def`` tool (the same tools,
+retries and checks): their calls share round trips to Redis through the store's auto-pipelining,
+which ``--no-auto-pipeline`` turns off (asyncio mode only: blocking calls are always sent one by one,
+so with threads it is refused, exit 2). The report says which mode ran (``mode``, ``auto_pipeline``).
+``--help`` shows every default.
+
+``--sweep 1,2,4,8`` runs once per process count; ``--sweep-concurrency 1,8,64`` runs once per
+concurrency level (calls per process), the other options fixed. Either prints a line per run
+(throughput, p50/p99 latency, Redis CPU per call), and with --json/--plot writes every point and
+draws throughput and latency against what it varied. The progress bar and the table of figures
 are drawn (with rich) only on a terminal: stderr to a file or a pipe gets no progress, and stdout to a
 file or a pipe gets the figures as plain ``name  value`` lines.
 
@@ -35,6 +45,7 @@ from pathlib import Path
 
 from ..loadgen.plot import PlotUnavailable, write_plot, write_sweep_plot
 from ..loadgen.progress import print_summary, progress_for
+from ..loadgen.stats import MODES, auto_pipeline_of, lanes_word, mode_text
 from ..loadgen.sweep import SweepPoint, parse_counts, sweep, sweep_table
 from ..loadgen.workers import BenchConfig, run_bench
 from ..redaction import redact
@@ -56,6 +67,7 @@ DEFAULT_DURATION_S = 6.0
 DEFAULT_DUPLICATE_RATE = 0.1
 DEFAULT_VALUE_BYTES = 256
 DEFAULT_NAMESPACE = "airlock:bench"
+DEFAULT_MODE = "threads"
 # bounds of the command line: a run that could not end, or would take the machine down, is refused
 MAX_PROCESSES = 256
 MAX_CONCURRENCY = 1024
@@ -104,11 +116,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{default_processes()} here)",
     )
     parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default=DEFAULT_MODE,
+        help="threads: each process runs --concurrency threads making blocking calls; asyncio: each "
+        "process runs one event loop with --concurrency coroutines awaiting an async tool, whose "
+        "calls share round trips to Redis (auto-pipelining) (default: %(default)s)",
+    )
+    parser.add_argument(
         "--concurrency",
         type=bounded_int(1, MAX_CONCURRENCY),
         default=DEFAULT_CONCURRENCY,
         metavar="N",
-        help="concurrent calls (threads) per process (default: %(default)s)",
+        help="concurrent calls per process: threads, or coroutines with --mode asyncio "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--no-auto-pipeline",
+        dest="auto_pipeline",
+        action="store_false",
+        help="--mode asyncio only: send every command alone, RedisEffectStore(auto_pipeline=False), "
+        "to compare (default: auto-pipelining on; blocking calls are always sent one by one)",
     )
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument(
@@ -150,13 +178,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="write latency and throughput plots; needs matplotlib (default: no plot)",
     )
-    parser.add_argument(
+    sweeps = parser.add_mutually_exclusive_group()
+    sweeps.add_argument(
         "--sweep",
         metavar="N,N,...",
         default=None,
         help="run once per process count (e.g. 1,2,4,8) and report throughput, p50/p99 latency and "
         "Redis CPU per call for each, as a table (--json: every point; --plot: throughput and "
         "latency against processes) (default: one run)",
+    )
+    sweeps.add_argument(
+        "--sweep-concurrency",
+        metavar="N,N,...",
+        default=None,
+        help="run once per --concurrency level (e.g. 1,8,64,256), the other options fixed, and "
+        "report as --sweep does, against concurrency (default: one run)",
     )
     parser.add_argument(
         "--quiet",
@@ -218,6 +254,11 @@ def _checked_config(args: argparse.Namespace) -> BenchConfig | str:
     if args.cluster and not cluster:
         schemes = " or ".join(f"{scheme}://" for scheme in CLUSTER_SCHEMES)
         return f"--cluster, but the URL names no Cluster: the scheme decides (use {schemes}host:port,...)"
+    if args.mode != "asyncio" and not args.auto_pipeline:
+        return (
+            f"--no-auto-pipeline applies to --mode asyncio only: with --mode {args.mode} the calls "
+            "are blocking, and blocking calls are always sent one by one"
+        )
     problem = check_given_url(args.url, namespace=args.namespace)
     if problem is not None:
         return problem
@@ -233,6 +274,8 @@ def _checked_config(args: argparse.Namespace) -> BenchConfig | str:
             duplicate_rate=args.duplicate_rate,
             value_bytes=args.value_bytes,
             namespace=args.namespace,
+            mode=args.mode,
+            auto_pipeline=args.auto_pipeline,
         )
     except ValueError as exc:
         return str(exc)
@@ -249,25 +292,19 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("--plot needs matplotlib: pip install 'airlock-redis[plot]'", file=sys.stderr)
             return 2
-    try:
-        counts = parse_counts(args.sweep) if args.sweep is not None else None
-    except ValueError as exc:
-        print(f"airlock-redis bench: {exc}", file=sys.stderr)
+    swept = _swept(args)
+    if isinstance(swept, str):
+        print(f"airlock-redis bench: {swept}", file=sys.stderr)
         return 2
-    if counts is not None and max(counts) > MAX_PROCESSES:
-        print(
-            f"airlock-redis bench: --sweep: at most {MAX_PROCESSES} processes, not {max(counts)}",
-            file=sys.stderr,
-        )
-        return 2
-    if counts is not None:
-        return _run_sweep(args, config, counts)
+    if swept is not None:
+        return _run_sweep(args, config, *swept)
     with embedded_or_given(args.url) as target:
         config = BenchConfig(**{**config.__dict__, "url": target.url})
         bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
         _tell(
             f"Redis: {target.description}\n"
-            f"{config.processes} processes x {config.concurrency} threads, {bound}, "
+            f"{config.processes} processes x {config.concurrency} {lanes_word(config.mode)} "
+            f"({mode_text(config.shown())}), {bound}, "
             f"duplicate rate {config.duplicate_rate}, {config.value_bytes} B values"
         )
         bar = None if args.quiet else progress_for(sys.stderr)
@@ -304,35 +341,65 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_sweep(args: argparse.Namespace, config: BenchConfig, counts: list[int]) -> int:
-    """``--sweep``: one run per process count, each point printed as it is measured."""
+def _swept(args: argparse.Namespace) -> tuple[str, list[int]] | str | None:
+    """What --sweep or --sweep-concurrency varies and its values, None for one run, or what is wrong."""
+    for option, over, most, unit in (
+        ("--sweep", "processes", MAX_PROCESSES, "processes"),
+        ("--sweep-concurrency", "concurrency", MAX_CONCURRENCY, "concurrent calls per process"),
+    ):
+        text = getattr(args, option[2:].replace("-", "_"))
+        if text is None:
+            continue
+        try:
+            counts = parse_counts(text, option, over)
+        except ValueError as exc:
+            return str(exc)
+        if max(counts) > most:
+            return f"{option}: at most {most} {unit}, not {max(counts)}"
+        return over, counts
+    return None
+
+
+def _run_sweep(args: argparse.Namespace, config: BenchConfig, over: str, counts: list[int]) -> int:
+    """``--sweep`` or ``--sweep-concurrency``: one run per value of ``over``, each point printed as it
+    is measured."""
+    lanes = lanes_word(config.mode)
+    varied, fixed = {
+        "processes": ("processes", f"{config.concurrency} {lanes} per process"),
+        "concurrency": (f"{lanes} per process", f"{config.processes} processes"),
+    }[over]
     with embedded_or_given(args.url) as target:
         config = BenchConfig(**{**config.__dict__, "url": target.url})
         bound = f"{config.calls} calls" if config.calls is not None else f"{config.duration:g} s"
         _tell(
-            f"Redis: {target.description}\nsweep over {', '.join(map(str, counts))} processes x "
-            f"{config.concurrency} threads, {bound} each, {config.value_bytes} B values"
+            f"Redis: {target.description}\nsweep over {', '.join(map(str, counts))} {varied}, {fixed} "
+            f"({mode_text(config.shown())}), {bound} each, {config.value_bytes} B values"
         )
 
         def measured(point: SweepPoint) -> None:
-            print(f"  {point.processes} processes: {point.calls_per_s:,.0f} calls/s", file=sys.stderr)
+            print(f"  {getattr(point, over)} {varied}: {point.calls_per_s:,.0f} calls/s", file=sys.stderr)
 
         try:
-            points = sweep(config, counts, target.description, measured)
+            points = sweep(config, counts, target.description, measured, over=over)
         except RuntimeError as exc:
             print(f"airlock-redis bench: {exc}", file=sys.stderr)
             return 2
     print(sweep_table(points))
+    shown = config.shown()
     if args.json:
-        figures = {"target": redact(target.description), "points": [p.to_json() for p in points]}
+        figures = {
+            "target": redact(target.description),
+            "sweep": over,
+            "mode": config.mode,
+            "auto_pipeline": auto_pipeline_of(shown),  # null: not applicable (threads mode)
+            "points": [p.to_json() for p in points],
+        }
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
         print(f"figures written to {args.json}")
     if args.plot:
-        title = (
-            f"airlock-redis bench: {config.concurrency} threads per process, {config.value_bytes} B values"
-        )
+        title = f"airlock-redis bench ({mode_text(shown)}): {fixed}, {config.value_bytes} B values"
         try:
-            write_sweep_plot(points, title, args.plot)
+            write_sweep_plot(points, title, args.plot, over=over)
         except PlotUnavailable as exc:
             print(str(exc), file=sys.stderr)
             return 2

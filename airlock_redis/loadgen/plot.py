@@ -6,10 +6,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .stats import BenchSummary
+from .stats import BenchSummary, lanes_word, mode_text
 
 if TYPE_CHECKING:
     from .sweep import SweepPoint
+
+
+# what a sweep varies -> the label of the plots' x axis
+SWEEP_AXES = {"processes": "worker processes", "concurrency": "concurrent calls per process"}
 
 
 class PlotUnavailable(RuntimeError):
@@ -55,33 +59,40 @@ def write_plot(summary: BenchSummary, path: str | Path) -> None:
     right.set_ylim(bottom=0)
     config = summary.config
     figure.suptitle(
-        f"airlock-redis bench: {config['processes']} processes x {config['concurrency']} threads, "
-        f"duplicate rate {config['duplicate_rate']}, {config['value_bytes']} B values"
+        f"airlock-redis bench ({mode_text(config)}): {config['processes']} processes x "
+        f"{config['concurrency']} {lanes_word(summary.mode)}, duplicate rate {config['duplicate_rate']}, "
+        f"{config['value_bytes']} B values"
     )
     figure.tight_layout()
     figure.savefig(str(path), dpi=100)
     plt.close(figure)
 
 
-def write_sweep_plot(points: Sequence[SweepPoint], title: str, path: str | Path) -> None:
-    """Throughput and p50/p99 latency against the number of processes."""
+def write_sweep_plot(
+    points: Sequence[SweepPoint], title: str, path: str | Path, *, over: str = "processes"
+) -> None:
+    """Throughput and p50/p99 latency against what the sweep varied: ``over`` is ``processes`` (the
+    number of worker processes) or ``concurrency`` (concurrent calls per process)."""
     plt = _pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    counts = [p.processes for p in points]
+    counts = [getattr(p, over) for p in points]
+    label = SWEEP_AXES[over]
     left.plot(counts, [p.calls_per_s for p in points], marker="o", color="tab:green")
     left.set_title("throughput")
-    left.set_xlabel("worker processes")
+    left.set_xlabel(label)
     left.set_ylabel("guarded calls/s")
     left.set_ylim(bottom=0)
     right.plot(counts, [p.p50_ms for p in points], marker="o", label="p50", color="tab:blue")
     right.plot(counts, [p.p99_ms for p in points], marker="o", label="p99", color="tab:red")
     right.set_title("latency of a guarded call")
-    right.set_xlabel("worker processes")
+    right.set_xlabel(label)
     right.set_ylabel("ms")
     right.set_ylim(bottom=0)
     right.legend()
     for axis in (left, right):
-        axis.set_xticks(counts)
+        if counts and max(counts) >= 16 * min(counts):  # 1, 8, 64, 256: evenly spread, not crowded at 0
+            axis.set_xscale("log", base=2)
+        axis.set_xticks(counts, [str(count) for count in counts])
     figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(str(path), dpi=100)

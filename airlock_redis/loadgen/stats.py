@@ -9,6 +9,36 @@ from typing import Any
 from .histogram import Histogram
 
 TIMELINE_STEP = 0.1  # seconds per throughput bucket
+# how a worker process makes its concurrent calls: threads making blocking calls, or coroutines on
+# one event loop awaiting async calls (the only mode where the store's auto-pipelining applies)
+MODES = ("threads", "asyncio")
+NOT_APPLICABLE = "not applicable (threads make blocking calls, always sent one by one)"
+
+
+def lanes_word(mode: str) -> str:
+    """What one of a process's concurrent lanes of calls is in ``mode``: ``threads`` or ``coroutines``."""
+    return "coroutines" if mode == "asyncio" else "threads"
+
+
+def auto_pipeline_of(config: dict[str, Any]) -> bool | None:
+    """Whether the run's store auto-pipelined: True or False in the asyncio mode, None (not
+    applicable) in the threads mode."""
+    if config.get("mode", "threads") != "asyncio":
+        return None
+    return bool(config.get("auto_pipeline", True))
+
+
+def mode_text(config: dict[str, Any]) -> str:
+    """The mode of a run in a few words, for titles: ``threads``, or ``asyncio, auto-pipelining on``
+    (or off)."""
+    pipelined = auto_pipeline_of(config)
+    mode = str(config.get("mode", "threads"))
+    return mode if pipelined is None else f"{mode}, auto-pipelining {'on' if pipelined else 'off'}"
+
+
+def auto_pipeline_text(value: bool | None) -> str:
+    """:func:`auto_pipeline_of` as the report prints it."""
+    return NOT_APPLICABLE if value is None else str(value).lower()
 
 
 @dataclass
@@ -72,6 +102,16 @@ class BenchSummary:
     server_cpu_us_per_call: float | None = None
 
     @property
+    def mode(self) -> str:
+        """``threads`` or ``asyncio``: how the worker processes made their calls."""
+        return str(self.config.get("mode", "threads"))
+
+    @property
+    def auto_pipeline(self) -> bool | None:
+        """Whether the store auto-pipelined (asyncio mode); None in the threads mode."""
+        return auto_pipeline_of(self.config)
+
+    @property
     def calls_per_s(self) -> float:
         return self.report.calls / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
@@ -121,6 +161,8 @@ class BenchSummary:
         r = self.report
         return {
             "config": self.config,
+            "mode": self.mode,
+            "auto_pipeline": self.auto_pipeline,  # null: not applicable (threads mode)
             "target": self.target,
             "elapsed_s": self.elapsed_s,
             "calls": r.calls,
@@ -160,6 +202,8 @@ class BenchSummary:
         )
         dup = self.duplicate_executions
         rows = [
+            ("mode", self.mode),
+            ("auto_pipeline", auto_pipeline_text(self.auto_pipeline)),
             ("guarded calls", f"{r.calls} in {self.elapsed_s:.2f} s"),
             ("guarded calls/s", f"{self.calls_per_s:,.0f}"),
             (

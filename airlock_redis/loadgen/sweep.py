@@ -1,5 +1,7 @@
-"""A load sweep: the same run at several process counts, to see how throughput and tail latency grow
-with the load (the figures a sizing needs). Each point is one full :func:`run_bench` run."""
+"""A load sweep: the same run at several process counts (or several concurrency levels, the other
+options fixed), to see how throughput and tail latency grow with the load (the figures a sizing
+needs; against concurrency in the asyncio mode, what auto-pipelining gains). Each point is one full
+:func:`run_bench` run."""
 
 from __future__ import annotations
 
@@ -7,8 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .stats import BenchSummary
+from .stats import BenchSummary, auto_pipeline_of, lanes_word
 from .workers import BenchConfig, run_bench
+
+# what a sweep may vary (a field of BenchConfig and of SweepPoint) -> what its values are called
+SWEPT = {"processes": "process counts", "concurrency": "concurrency levels"}
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,8 @@ class SweepPoint:
     server_cpu_us_per_call: float | None
     memory_per_record_bytes: float | None
     duplicate_executions: int
+    mode: str = "threads"
+    auto_pipeline: bool | None = None  # None: not applicable (threads mode)
 
     @classmethod
     def of(cls, summary: BenchSummary) -> SweepPoint:
@@ -40,35 +47,42 @@ class SweepPoint:
             server_cpu_us_per_call=summary.server_cpu_us_per_call,
             memory_per_record_bytes=summary.memory_per_record_bytes,
             duplicate_executions=summary.duplicate_executions,
+            mode=summary.mode,
+            auto_pipeline=auto_pipeline_of(summary.config),
         )
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def parse_counts(text: str) -> list[int]:
-    """``"1,2,4,8"`` as [1, 2, 4, 8]; ValueError for anything but positive integers."""
+def parse_counts(text: str, option: str = "--sweep", over: str = "processes") -> list[int]:
+    """``"1,2,4,8"`` as [1, 2, 4, 8]; ValueError (naming ``option``) for anything but positive
+    integers."""
+    what = SWEPT[over]
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ValueError(
-            f"--sweep takes process counts separated by commas, like 1,2,4,8, not {text!r}"
-        ) from None
+        raise ValueError(f"{option} takes {what} separated by commas, like 1,2,4,8, not {text!r}") from None
     if not counts or any(n < 1 for n in counts):
-        raise ValueError(f"--sweep takes positive process counts, like 1,2,4,8, not {text!r}")
+        raise ValueError(f"{option} takes positive {what}, like 1,2,4,8, not {text!r}")
     return counts
 
 
 def sweep(
     config: BenchConfig,
-    process_counts: Sequence[int],
+    counts: Sequence[int],
     target: str,
     on_point: Callable[[SweepPoint], None] | None = None,
+    *,
+    over: str = "processes",
 ) -> list[SweepPoint]:
-    """Run ``config`` once per process count (each run with its own run id and its keys removed)."""
+    """Run ``config`` once per value in ``counts`` of its field ``over`` (``processes`` or
+    ``concurrency``), each run with its own run id and its keys removed."""
+    if over not in SWEPT:
+        raise ValueError(f"a sweep varies one of {', '.join(SWEPT)}, not {over!r}")
     points = []
-    for processes in process_counts:
-        run_config = BenchConfig(**{**asdict(config), "processes": processes, "run_id": ""})
+    for count in counts:
+        run_config = BenchConfig(**{**asdict(config), over: count, "run_id": ""})
         point = SweepPoint.of(run_bench(run_config, target))
         points.append(point)
         if on_point is not None:
@@ -82,7 +96,18 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def sweep_rows(points: Sequence[SweepPoint]) -> list[list[str]]:
     """The sweep as table rows, a header first."""
-    rows = [["processes", "calls/s", "p50 ms", "p99 ms", "Redis us/call", "Redis CPU us/call", "B/record"]]
+    lanes = lanes_word(points[0].mode) if points else "threads"
+    rows = [
+        [
+            f"processes x {lanes}",
+            "calls/s",
+            "p50 ms",
+            "p99 ms",
+            "Redis us/call",
+            "Redis CPU us/call",
+            "B/record",
+        ]
+    ]
     for p in points:
         rows.append(
             [
