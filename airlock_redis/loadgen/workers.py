@@ -1,18 +1,8 @@
 """Worker processes that drive guarded calls against one Redis, and the run that gathers them.
 
 Each of N processes (started with ``spawn``) makes C lanes of guarded calls, each lane one call after
-another. In the ``threads`` mode (the default) a lane is a thread making blocking calls: the sync
-driver is what most agent hosts run, and a thread pool is how they get concurrency from it. In the
-``asyncio`` mode the process runs one event loop and a lane is a coroutine awaiting an ``async def``
-tool: concurrent calls on that loop share their round trips to Redis when the store auto-pipelines
-(``auto_pipeline``, on by default; blocking calls are always sent one by one). Both modes make their
-calls through one :class:`_Lane` (what to call next, and the tally of what the call did): they differ
-only in whether the tool is called or awaited.
-
-A share ``duplicate_rate`` of the calls re-use the tool_call_id (with the same tool and arguments) of
-an earlier call of any process: those are the retries. The tool bodies count their real executions by
-tool_call_id in the process; the run merges the counts, so a call that ran twice shows up whichever
-processes ran it.
+another: threads making blocking calls, or coroutines on one event loop (:mod:`.lanes`). What they
+call, and how a share of the calls retry earlier ones, is :mod:`.workload`'s.
 
 The URL is any URL ``RedisEffectStore`` takes (``redis://``, ``rediss://``, ``unix://``,
 ``redis+cluster://`` with one seed node or several, ``rediss+cluster://``, ``redis+sentinel://``);
@@ -27,317 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import functools
-import itertools
 import logging
 import multiprocessing
-import random
 import secrets
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
 
-from redis.crc import key_slot
-
-from ..context import current_call_context, tool_call_context
-from ..core.errors import EffectRefused
-from ..core.reversibility import ReversibilityName, reversibility
-from ..redaction import redact
-from ..stores.keys import record_key
-from ..stores.url import CONNECT_ERRORS, parse_url, primary_clients, slot_primaries, sync_client
+from ..stores.url import CONNECT_ERRORS, primary_clients, slot_primaries, sync_client
 from .interrupts import sigint_deferred
+from .lanes import Load, run_coroutines, run_threads
 from .server_cpu import ServerCpu, per_call, snapshot
-from .stats import MODES, TIMELINE_STEP, BenchSummary, PrimaryLoad, WorkerReport
+from .stats import TIMELINE_STEP, BenchSummary, PrimaryLoad, WorkerReport
+from .workload import REVERSIBLE_TOOLS, BenchConfig, guarded_tools, tool_of
 
-if TYPE_CHECKING:
-    from ..guard import EffectGuard
-    from ..stores.redis_store import RedisEffectStore
-
-# (tool, weight, reversibility): mixed tools, most of them not reversible
-TOOLS: tuple[tuple[str, int, ReversibilityName], ...] = (
-    ("charge", 5, "irreversible"),
-    ("send_email", 3, "costly"),
-    ("read_balance", 2, "reversible"),
-)
-_WEIGHTED = [name for name, weight, _ in TOOLS for _ in range(weight)]
-REVERSIBLE_TOOLS = frozenset(name for name, _, tag in TOOLS if tag == "reversible")
-# set by a lane around each call: the tool body marks it, so a call that returned tells an execution
-# from a replay (a holder in a context variable: each thread and each coroutine's task has its own)
-_EXECUTED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
-    "airlock_bench_executed", default=None
-)
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    url: str
-    cluster: bool = False  # informational: the URL's scheme decides the topology (kept for old callers)
-    processes: int = 2
-    concurrency: int = 8  # lanes per process: threads, or coroutines on the process's event loop
-    duration: float | None = 6.0  # seconds; None when ``calls`` bounds the run
-    calls: int | None = None  # total guarded calls over all lanes
-    duplicate_rate: float = 0.1
-    value_bytes: int = 256
-    namespace: str = "airlock:bench"
-    run_id: str = ""
-    mode: str = "threads"  # "threads": blocking calls; "asyncio": coroutines on one event loop
-    auto_pipeline: bool = True  # asyncio: RedisEffectStore(auto_pipeline=); threads: must stay True
-
-    def __post_init__(self) -> None:
-        if self.processes < 1 or self.concurrency < 1:
-            raise ValueError("processes and concurrency must be at least 1")
-        if (self.duration is None) == (self.calls is None):
-            raise ValueError("give exactly one of duration and calls")
-        if self.duration is not None and self.duration <= 0:
-            raise ValueError("duration must be positive")
-        if self.calls is not None and self.calls < 1:
-            raise ValueError("calls must be at least 1")
-        if not 0.0 <= self.duplicate_rate < 1.0:
-            raise ValueError("duplicate_rate must be in [0, 1)")
-        if self.value_bytes < 0:
-            raise ValueError("value_bytes must be >= 0")
-        if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if self.mode == "threads" and not self.auto_pipeline:
-            raise ValueError(
-                "auto-pipelining applies to the asyncio mode only: blocking calls are always sent one by one"
-            )
-
-    def shown(self) -> dict[str, Any]:
-        """The configuration as the report shows it: the URL redacted, and ``auto_pipeline`` None
-        (not applicable) in the threads mode."""
-        shown = asdict(self)
-        shown["url"] = redact(self.url)
-        if self.mode == "threads":
-            shown["auto_pipeline"] = None
-        return shown
-
-
-def call_for(process: int, seq: int) -> tuple[str, dict[str, Any]]:
-    """The tool and arguments of call ``seq`` of ``process``: any process can rebuild a retry."""
-    rng = random.Random(process * 1_000_003 + seq)
-    tool = rng.choice(_WEIGHTED)
-    account = f"acct_{rng.randrange(1000)}"
-    if tool == "charge":
-        return tool, {"account": account, "cents": rng.randrange(1, 100_000)}
-    if tool == "send_email":
-        return tool, {"to": f"user{rng.randrange(1000)}@example.com", "subject": f"order {seq}"}
-    return tool, {"account": account}
-
-
-def tool_of(tool_call_id: str) -> str:
-    """The tool of a bench tool_call_id (``<run>-<process>-<seq>``)."""
-    _, process, seq = tool_call_id.rsplit("-", 2)
-    return call_for(int(process), int(seq))[0]
-
-
-def _awaitable(body: Callable[..., Any]) -> Callable[..., Any]:
-    """``body`` as an ``async def`` tool with its signature and annotations (it returns at once)."""
-
-    @functools.wraps(body)
-    async def tool(*args: Any, **kwargs: Any) -> Any:
-        return body(*args, **kwargs)
-
-    return tool
-
-
-def _tools(
-    guard: EffectGuard,
-    value_bytes: int,
-    runs: dict[str, int],
-    lock: threading.Lock,
-    *,
-    asynchronous: bool = False,
-) -> dict[str, Callable[..., Any]]:
-    """The guarded tools by name: blocking, or (``asynchronous``) ``async def`` with the same bodies."""
-    payload = "x" * value_bytes
-
-    def ran() -> str:
-        host = current_call_context()
-        tool_call_id = str(host.tool_call_id) if host is not None else ""
-        with lock:
-            runs[tool_call_id] = runs.get(tool_call_id, 0) + 1
-        executed = _EXECUTED.get()
-        if executed is not None:
-            executed[0] = True
-        return tool_call_id
-
-    def charge(account: str, cents: int) -> dict[str, Any]:
-        return {"receipt": ran(), "account": account, "cents": cents, "payload": payload}
-
-    def send_email(to: str, subject: str) -> dict[str, Any]:
-        return {"message_id": ran(), "to": to, "payload": payload}
-
-    def read_balance(account: str) -> dict[str, Any]:
-        return {"account": account, "balance": 4200, "read": ran(), "payload": payload}
-
-    bodies: dict[str, Callable[..., Any]] = {
-        "charge": charge,
-        "send_email": send_email,
-        "read_balance": read_balance,
-    }
-    tools: dict[str, Callable[..., Any]] = {}
-    for name, _, tag in TOOLS:  # an untagged tool is irreversible: the tag changes nothing for charge
-        body = _awaitable(bodies[name]) if asynchronous else bodies[name]
-        tools[name] = reversibility(tag)(guard.wrap(body, name=name))
-    return tools
-
-
-@dataclass(frozen=True)
-class _Call:
-    tool: str
-    kwargs: dict[str, Any]
-    tool_call_id: str
-
-
-class _Load:
-    """What the lanes of one process share: the tools, the call numbers handed out so far, when to
-    stop, and the progress counter of the run."""
-
-    def __init__(
-        self,
-        config: BenchConfig,
-        process: int,
-        tools: dict[str, Callable[..., Any]],
-        progress: Any,
-        stop: Any,
-    ) -> None:
-        self.config = config
-        self.process = process
-        self.tools = tools
-        self.progress = progress
-        self.stop = stop
-        self.count_slots = parse_url(config.url).kind == "cluster"
-        self.seqs = itertools.count()
-        self.issued = 0  # call numbers handed out so far in this process (about the same in the others)
-        self.deadline: float | None = None
-        self.share: list[int] | None = None
-        if config.calls is not None:
-            total_lanes = config.processes * config.concurrency
-            index = process * config.concurrency
-            self.share = [
-                config.calls // total_lanes + (1 if index + lane < config.calls % total_lanes else 0)
-                for lane in range(config.concurrency)
-            ]
-
-    def start(self) -> None:
-        """The run starts now (every process has passed the barrier)."""
-        if self.config.duration is not None:
-            self.deadline = time.monotonic() + self.config.duration
-
-    def lanes(self) -> list[_Lane]:
-        return [_Lane(self, lane) for lane in range(self.config.concurrency)]
-
-
-class _Lane:
-    """One thread's (threads mode) or one coroutine's (asyncio mode) calls, one after another:
-    :meth:`next_call` says what to call, and :meth:`measured` times the call and tallies what it did.
-    The two modes share every step but the call itself (blocking, or awaited)."""
-
-    def __init__(self, load: _Load, lane: int) -> None:
-        self.load = load
-        self.report = WorkerReport()
-        self.rng = random.Random(f"{load.config.run_id}:{load.process}:{lane}")
-        self.quota = load.share[lane] if load.share is not None else None
-        self.pending_progress = 0
-
-    def next_call(self) -> _Call | None:
-        """The next call to make, or None when the lane is done (its quota made, the duration over,
-        or the run interrupted)."""
-        load, config = self.load, self.load.config
-        if self.quota is not None and self.report.calls >= self.quota:
-            return None
-        if load.deadline is not None and time.monotonic() >= load.deadline:
-            return None
-        if load.stop is not None and load.stop.is_set():  # the run was interrupted (Ctrl-C)
-            return None
-        owner = load.process
-        if load.issued > 0 and self.rng.random() < config.duplicate_rate:
-            owner = self.rng.randrange(config.processes)  # a retry, maybe of another process's call
-            seq = self.rng.randrange(load.issued)
-        else:
-            seq = next(load.seqs)
-            load.issued = max(load.issued, seq + 1)
-        tool, kwargs = call_for(owner, seq)
-        return _Call(tool, kwargs, f"{config.run_id}-{owner}-{seq}")
-
-    @contextlib.contextmanager
-    def measured(self, call: _Call) -> Iterator[Callable[..., Any]]:
-        """Around one call of ``call.tool`` (the tool is what it yields): its tool_call_id set, its
-        latency recorded, and whether it ran, replayed, was refused or failed counted."""
-        mine = self.report
-        mine.ids.add(call.tool_call_id)
-        if self.load.count_slots:
-            mine.slots[key_slot(record_key(self.load.config.namespace, call.tool_call_id))] += 1
-        executed = [False]
-        token = _EXECUTED.set(executed)
-        started = time.perf_counter()
-        try:
-            with tool_call_context(call.tool_call_id):
-                yield self.load.tools[call.tool]
-        except EffectRefused as refused:
-            mine.refusals[refused.reason] += 1
-        except Exception as error:
-            mine.errors[type(error).__name__] += 1
-        else:
-            if executed[0]:
-                mine.executed += 1
-            else:
-                mine.replayed += 1
-        finally:
-            _EXECUTED.reset(token)
-        finished = time.perf_counter()
-        mine.calls += 1
-        mine.histogram.record(finished - started)
-        mine.timeline[int(time.time() / TIMELINE_STEP)] += 1
-        self.pending_progress += 1
-        if self.pending_progress >= 8:
-            self.flush()
-
-    def flush(self) -> None:
-        """Add the calls made since the last flush to the run's progress counter."""
-        with self.load.progress.get_lock():
-            self.load.progress.value += self.pending_progress
-        self.pending_progress = 0
-
-
-def _run_threads(load: _Load) -> list[WorkerReport]:
-    """The threads mode: one thread per lane, each making blocking calls."""
-
-    def drive(lane: _Lane) -> None:
-        while (call := lane.next_call()) is not None:
-            with lane.measured(call) as tool:
-                tool(**call.kwargs)
-        lane.flush()
-
-    lanes = load.lanes()
-    threads = [threading.Thread(target=drive, args=(lane,), daemon=True) for lane in lanes]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [lane.report for lane in lanes]
-
-
-async def _run_coroutines(load: _Load, store: RedisEffectStore) -> list[WorkerReport]:
-    """The asyncio mode: one coroutine per lane on this process's event loop, each awaiting its calls."""
-
-    async def drive(lane: _Lane) -> None:
-        while (call := lane.next_call()) is not None:
-            with lane.measured(call) as tool:
-                await tool(**call.kwargs)
-        lane.flush()
-
-    lanes = load.lanes()
-    try:
-        await asyncio.gather(*(drive(lane) for lane in lanes))
-    finally:
-        await store.aclose()
-    return [lane.report for lane in lanes]
+__all__ = ["BenchConfig", "remove_run", "run_bench", "run_pattern"]
 
 
 def _worker(
@@ -360,13 +57,13 @@ def _worker(
         asynchronous = config.mode == "asyncio"
         store = RedisEffectStore(config.url, namespace=config.namespace, auto_pipeline=config.auto_pipeline)
         runs: dict[str, int] = {}
-        tools = _tools(
+        tools = guarded_tools(
             EffectGuard(store=store), config.value_bytes, runs, threading.Lock(), asynchronous=asynchronous
         )
-        load = _Load(config, process, tools, progress, stop)
+        load = Load(config, process, tools, progress, stop)
         barrier.wait(timeout=120)
         load.start()
-        parts = asyncio.run(_run_coroutines(load, store)) if asynchronous else _run_threads(load)
+        parts = asyncio.run(run_coroutines(load, store)) if asynchronous else run_threads(load)
         for part in parts:
             report.merge(part)
         report.runs.update(runs)
