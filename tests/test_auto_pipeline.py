@@ -28,6 +28,7 @@ from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores.autopipe import AutoPipeline, NotSent
 from airlock_redis.stores.tries import never_sent
 from tests.faults import Action, ChaosProxy, Fault, is_command
+from tests.topo_helpers import recorded
 
 pytestmark = pytest.mark.redis_server
 
@@ -42,17 +43,7 @@ class RecordingRedis(aredis.Redis):
     batches: list[list[tuple[Any, ...]]]
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
-        batch: list[tuple[Any, ...]] = []
-        self.batches.append(batch)
-        send = pipe.execute_command
-
-        def recording(*args: Any, **options: Any) -> Any:
-            batch.append(args)
-            return send(*args, **options)
-
-        pipe.execute_command = recording  # type: ignore[method-assign]
-        return pipe
+        return recorded(super().pipeline(transaction, shard_hint), self.batches)
 
 
 def recording_client(url: str) -> RecordingRedis:

@@ -41,7 +41,7 @@ from airlock_redis.stores.durability import (
 from airlock_redis.stores.keys import record_key
 from airlock_redis.stores.url import slot_primaries
 
-from .topo_helpers import Counted, namespace
+from .topo_helpers import Counted, namespace, recorded
 from .topologies import (
     HOST,
     ClusterTopology,
@@ -518,17 +518,7 @@ class RecordingCluster(aredis.RedisCluster):
     batches: list[list[tuple[Any, ...]]]
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
-        batch: list[tuple[Any, ...]] = []
-        self.batches.append(batch)
-        send = pipe.execute_command
-
-        def recording(*args: Any, **options: Any) -> Any:
-            batch.append(args)
-            return send(*args, **options)
-
-        pipe.execute_command = recording  # type: ignore[method-assign]
-        return pipe
+        return recorded(super().pipeline(transaction, shard_hint), self.batches)
 
 
 def redirections(process: RedisProcess, kind: str) -> int:

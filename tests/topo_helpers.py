@@ -64,3 +64,18 @@ def assert_replays_across_two_stores(url: str) -> None:
     asyncio.run(scenario())
     assert first.runs == {"acct-sync": 1, "acct-async": 1}
     assert sum(second.runs.values()) == 0
+
+
+def recorded(pipe: Any, batches: list[list[tuple[Any, ...]]]) -> Any:
+    """``pipe`` (a redis-py pipeline) noting the commands it is given as a new entry of ``batches``:
+    what a recording client's ``pipeline()`` returns, to see what each batch carried."""
+    batch: list[tuple[Any, ...]] = []
+    batches.append(batch)
+    send = pipe.execute_command
+
+    def recording(*args: Any, **options: Any) -> Any:
+        batch.append(args)
+        return send(*args, **options)
+
+    pipe.execute_command = recording
+    return pipe
