@@ -21,8 +21,7 @@ import asyncio
 import logging
 import os
 import shlex
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import redis
@@ -40,10 +39,9 @@ from ..core.records import (
 )
 from ..core.stepping import Plan, adrive, drive
 from ..redaction import redact, without_password
-from .autopipe import AutoPipeline
 from .durability import ReplicaWait
 from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
-from .loop_steps import step as _step
+from .loop_clients import LoopClients
 from .redis_clients import async_factory, decodes_responses, is_factory, url_of_client
 from .redis_io import REDIS_FAILURES, Command, Facts, MaxBulk, Read, Waited, async_io, blocking_io, one, tried
 from .replies import parse_begin, parse_record, parse_transition
@@ -156,13 +154,11 @@ class RedisEffectStore:
         )
         self._own_tries = builds_one_try or (client is not None and makes_one_try(client))
         self._async_own_tries = builds_one_try and async_client is None
-        self._async_factory = async_factory(async_client, self._parsed_url, self._timeouts, self._client)
-        # One asyncio client per event loop. A plain dict, not a WeakKeyDictionary: the client's
-        # connections refer to their loop, so weak keys would never be freed. Each client we made is
-        # closed when its loop shuts down (see _close_with_loop); entries of loops closed some other
-        # way are dropped the next time a loop needs a client.
-        self._async_clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
-        self._owns_async_clients = async_client is None or is_factory(async_client)
+        # the asyncio client of each event loop (see .loop_clients); the ones it makes, it closes
+        self._loops = LoopClients(
+            async_factory(async_client, self._parsed_url, self._timeouts, self._client),
+            owned=async_client is None or is_factory(async_client),
+        )
         # how the operations' plans are carried out: the blocking client, or the running loop's
         self._io = blocking_io(lambda: self.client)
         self.auto_pipeline = auto_pipeline
@@ -332,54 +328,17 @@ class RedisEffectStore:
 
     def async_client(self) -> AsyncClient:
         """The asyncio client for the running event loop (one per loop: asyncio clients are loop-bound)."""
-        return self._loop_client().client
+        return self._loops.current().client
 
     @property
     def async_client_loops(self) -> frozenset[asyncio.AbstractEventLoop]:
         """The event loops whose asyncio client the store holds now (a client the store made is
         closed, and let go, when its loop shuts down)."""
-        return frozenset(self._async_clients)
+        return self._loops.loops
 
     def _pipelined(self, args: tuple[Any, ...]) -> Awaitable[Any]:
         """Send one command through the running loop's auto-pipeline (see :mod:`.autopipe`)."""
-        return self._loop_client().pipeline.execute(args)
-
-    def _loop_client(self) -> _LoopClient:
-        loop = asyncio.get_running_loop()
-        held = self._async_clients.get(loop)
-        if held is None:
-            if self._async_factory is None:
-                raise StoreError(
-                    "this RedisEffectStore has no way to reach Redis from async code: pass a url, or "
-                    "async_client= (a redis.asyncio client or a function that makes one)"
-                )
-            self._forget_closed_loops()
-            client = self._async_factory()
-            held = self._async_clients[loop] = _LoopClient(client)
-            if self._owns_async_clients:
-                held.closer = self._close_with_loop(loop, held)
-                _step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
-        return held
-
-    async def _close_with_loop(
-        self, loop: asyncio.AbstractEventLoop, held: _LoopClient
-    ) -> AsyncGenerator[None, None]:
-        """Parked for the loop's lifetime; the loop's ``shutdown_asyncgens()`` (which ``asyncio.run``
-        calls before closing the loop) finishes it, and so closes the client made for that loop."""
-        try:
-            yield
-        finally:
-            if self._async_clients.get(loop) is held:
-                del self._async_clients[loop]
-            if not loop.is_closed():
-                await held.aclose()
-
-    def _forget_closed_loops(self) -> None:
-        for loop, held in list(self._async_clients.items()):
-            if loop.is_closed():
-                self._async_clients.pop(loop, None)
-                if held.closer is not None:
-                    _step(held.closer.aclose())  # the loop is gone: end the hook without awaiting
+        return self._loops.current().pipeline.execute(args)
 
     def key(self, tool_call_id: str) -> bytes:
         """The Redis key that holds the record of ``tool_call_id`` in this store's namespace."""
@@ -531,28 +490,7 @@ class RedisEffectStore:
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop now (``asyncio.run`` closes the ones the store
         made by itself when its loop ends)."""
-        held = self._async_clients.pop(asyncio.get_running_loop(), None)
-        if held is None:
-            return
-        if held.closer is not None:
-            await held.closer.aclose()
-        else:
-            await held.aclose()
-
-
-@dataclass(eq=False)
-class _LoopClient:
-    """One event loop's asyncio client, and the hook that closes it."""
-
-    client: AsyncClient
-    closer: AsyncGenerator[None, None] | None = None
-    pipeline: AutoPipeline = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.pipeline = AutoPipeline(self.client)
-
-    async def aclose(self) -> None:
-        await self.client.aclose()
+        await self._loops.aclose_current()
 
 
 def _not_a_string(tool_call_id: str, error: BaseException) -> StoreError:
