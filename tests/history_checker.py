@@ -360,10 +360,35 @@ def _left_in_doubt(
         f"released: {', '.join(stories) or _no_writer(writers)}"
     )
     excuse = _excuse(fault, "conservative: a release no replica held died with its primary")
+    if not excuse and not unreleased and _given_back_by_take_over(writers, record):
+        excuse = (
+            "conservative: a reversible take-over whose tool did not run gave the record back unknown for "
+            "the attempt it took over, whose own release came after the take-over and was superseded "
+            "(a reversible retry takes the record over again; docs/faults.md)"
+        )
     if not excuse and unreleased and all(_release_unreachable(a) for a in unreleased):
         how = "refused to connect" if all(_never_connected(a) for a in unreleased) else "cut or timed out"
         excuse = f"documented: the release was sent but could not get through ({how}; docs/faults.md)"
     return [Violation("left_in_doubt", tool_call_id, what, excuse)]
+
+
+def _given_back_by_take_over(writers: list[Attempt], record: Mapping[str, Any]) -> bool:
+    """The final record is ``unknown`` as a reversible take-over whose tool did not run left it (it
+    owns the record and its settle:unknown was answered), and every other attempt that took the record
+    sent its release and was told it no longer owned it (superseded): the take-over's doubt is about
+    attempts that did not run either, which it could not know."""
+    if record.get("status") != "unknown":
+        return False
+    owner = int(record.get("attempt") or 0)
+    takers = [
+        a
+        for a in writers
+        if a.took_over_unrun
+        and any(s["op"] == "begin" and int(s.get("attempt") or 1) == owner for s in a.steps)
+        and a.confirmed("settle:unknown", ("ok",)) is not None
+    ]
+    others = [a for a in writers if a not in takers]
+    return bool(takers) and all(a.confirmed("settle:release", ("superseded",)) is not None for a in others)
 
 
 def _no_writer(writers: list[Attempt]) -> str:

@@ -250,3 +250,47 @@ def test_a_begin_said_never_sent_that_left_a_record_is_a_violation() -> None:
     events = events[:2]  # no release: the guard believed the begin never landed
     verdict = history_checker.check(events, {"transfer:x": {"status": "pending", "attempt": 1}})
     assert verdict.by_rule() == {"left_in_doubt": 1}, verdict.report()
+
+
+def _two_begins_then_durability_fails(first_release: str | None) -> list[dict[str, Any]]:
+    """Attempt 1 began; attempt 2 (reversible) took it over; both found too few replicas before their
+    tools ran: attempt 1 sent its release (answered ``first_release``; None: sent none), attempt 2 gave
+    the record back unknown (a take-over's give-back)."""
+    calls = [
+        {
+            **_call(0, 1.0, "refused:store_unavailable", "n0", covers=True),
+            "id": "refresh:x",
+            "tool": "refresh",
+        },
+        {
+            **_call(1, 1.0, "refused:store_unavailable", "n1", covers=True),
+            "id": "refresh:x",
+            "tool": "refresh",
+        },
+    ]
+    first = [{"op": "begin", "result": "started", "attempt": 1, "sent": 1.0, "done": 1.001}]
+    if first_release is not None:
+        first.append({"op": "settle:release", "result": first_release, "sent": 1.6, "done": 1.601})
+    second = [
+        {"op": "begin", "result": "started", "attempt": 2, "sent": 1.0, "done": 1.002},
+        {"op": "settle:unknown", "result": "ok", "sent": 1.6, "done": 1.602},
+    ]
+    steps = [
+        *({"type": "store", "w": 0, "n": 0, "id": "refresh:x", **s} for s in first),
+        *({"type": "store", "w": 0, "n": 1, "id": "refresh:x", **s} for s in second),
+    ]
+    return [*calls, *steps]
+
+
+def test_a_take_over_left_unknown_over_an_attempt_that_did_not_run_is_conservative() -> None:
+    """Seen in a fault run's burst: the take-over cannot know that the attempt it took over did not
+    run, so it keeps the doubt; a reversible retry takes the record over again."""
+    events = _two_begins_then_durability_fails("superseded")
+    verdict = history_checker.check(events, {"refresh:x": {"status": "unknown", "attempt": 2}})
+    assert verdict.ok and verdict.by_rule(documented=True) == {"left_in_doubt": 1}, verdict.report()
+
+
+def test_a_take_over_left_unknown_while_the_first_attempt_sent_no_release_is_a_violation() -> None:
+    events = _two_begins_then_durability_fails(None)
+    verdict = history_checker.check(events, {"refresh:x": {"status": "unknown", "attempt": 2}})
+    assert verdict.by_rule() == {"left_in_doubt": 1}, verdict.report()
