@@ -29,15 +29,17 @@ from redis.exceptions import AskError, MovedError, NoScriptError
 
 from airlock_redis import EffectStatusUnknown, RedisEffectStore, Status, StoreUnavailable
 from airlock_redis.core.errors import StoreError
-from airlock_redis.stores.durability import (
-    Acks,
+from airlock_redis.stores.asking import (
+    TRIES,
     Again,
-    Done,
+    AskNotFollowed,
     OffTheMapError,
-    ReplicaWait,
     Send,
-    read_replies,
+    follow,
+    key_of,
+    read_followed,
 )
+from airlock_redis.stores.durability import Acks, Done, ReplicaWait, read_replies
 from airlock_redis.stores.keys import record_key
 from airlock_redis.stores.url import slot_primaries
 
@@ -263,14 +265,14 @@ def test_new_calls_in_a_migrating_slot_run_once_on_the_importing_node_async(clus
 
         async def first_loop() -> dict[str, dict[str, Any]]:
             made = {ids[0]: await tool.acall(ids[0], ids[0])}
-            held = wait._async_nodes[asyncio.get_running_loop()]
-            asked = held.clients[target_name]  # a client to the ASK target, for this loop
+            held = wait.nodes.current()
+            asked = held[target_name]  # a client to the ASK target, for this loop
             for tool_call_id in ids[1:]:
                 made[tool_call_id] = await tool.acall(tool_call_id, tool_call_id)
             for tool_call_id in ids:
                 assert await tool.acall(tool_call_id, tool_call_id) == made[tool_call_id]
-            assert held.clients[target_name] is asked  # made once, then kept
-            kept.extend(held.clients.values())
+            assert held[target_name] is asked  # made once, then kept
+            kept.extend(held.values())
             return made
 
         made = asyncio.run(first_loop())
@@ -278,7 +280,7 @@ def test_new_calls_in_a_migrating_slot_run_once_on_the_importing_node_async(clus
         assert moving.keys_on(moving.target) == {record_key(ns, i) for i in ids}
         assert moving.keys_on(moving.source) == set()
         # the loop's end closed the node clients it made (the ASK target's included)
-        assert not wait._async_nodes
+        assert not wait.nodes.loops
         for client in kept:
             pool = client.connection_pool
             assert not pool._in_use_connections
@@ -572,9 +574,9 @@ def test_auto_pipelined_calls_follow_moved_after_a_finished_resharding(cluster: 
 
 def test_auto_pipelined_calls_in_a_migrating_slot_run_at_most_once(cluster: ClusterTopology) -> None:
     """New calls in a MIGRATING slot, batched with calls elsewhere: the source answers ASK for keys it
-    does not hold, and redis-py follows it to the importing node. Each call runs at most once, and a
-    replay gets the first call's value or, where the commit did not land, the in-doubt refusal (see
-    the next test for why a commit may not land)."""
+    does not hold, and the command is followed to the importing node (by redis-py, or by the store
+    where redis-py gives up: see the next tests). Each call runs at most once, and a replay gets the
+    first call's value or, had a commit not landed, the in-doubt refusal."""
     store, client = pipelined_store(cluster)
     tool = Counted(store)
     with resharding(cluster) as moving:
@@ -605,13 +607,6 @@ def test_auto_pipelined_calls_in_a_migrating_slot_run_at_most_once(cluster: Clus
         assert any(batched_with_others(client, record_key(store.namespace, i)) for i in asked_ids)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="redis-py's asyncio RedisCluster sends ASKING as a command of its own through the node's pool, "
-    "so under concurrency the redirected command may leave on another connection, meet MOVED back to the "
-    "source, and loop until 'TTL exhausted': the commit fails and the record stays pending (in doubt, never "
-    "run twice). The blocking client sends both on one connection. Seen with and without auto-pipelining.",
-)
 def test_every_asyncio_commit_in_a_migrating_slot_lands(cluster: ClusterTopology) -> None:
     store, client = pipelined_store(cluster)
     tool = Counted(store)
@@ -627,3 +622,98 @@ def test_every_asyncio_commit_in_a_migrating_slot_lands(cluster: ClusterTopology
         for call_id in asked_ids:
             record = store.get(call_id)
             assert record is not None and record.status is Status.COMMITTED, (call_id, record)
+
+
+@pytest.mark.parametrize("auto_pipeline", [True, False], ids=["auto-pipelined", "one-by-one"])
+def test_concurrent_asyncio_begins_and_commits_in_a_migrating_slot_land_once(
+    cluster: ClusterTopology, auto_pipeline: bool
+) -> None:
+    """redis-py's asyncio Cluster client sends ``ASKING`` through the node's pool apart from the command
+    it allows, so with calls in flight the command may leave on another connection and bounce between
+    the two nodes until redis-py gives up ("TTL exhausted"); the store then sends it again itself,
+    ``ASKING`` and the command on one connection (stores/asking.py). With a store that already ran its
+    scripts, every begin is a ``SET NX`` and every commit an ``EVALSHA`` the importing node may not
+    have cached: each call in the migrating slot starts, runs once and commits, its record on the
+    importing node, and a second round replays every value without running anything."""
+    first = cluster.primaries()[0]
+    client = aredis.RedisCluster(host=HOST, port=first.port, socket_timeout=5)
+    store = RedisEffectStore(
+        cluster.url, async_client=client, namespace=namespace(), auto_pipeline=auto_pipeline
+    )
+    tool = Counted(store)
+    with resharding(cluster) as moving:
+        asked_ids = ids_in_slot(moving.slot, 8)
+        elsewhere = [f"elsewhere-{secrets.token_hex(5)}" for _ in range(24)]
+        ids = [*asked_ids, *elsewhere]
+        asks_before = redirections(moving.source, "ASK")
+
+        async def scenario() -> tuple[list[Any], list[Any]]:
+            await tool.acall("warm-" + secrets.token_hex(4), "warm")  # begins are SET NX from now on
+            made = await asyncio.gather(*(tool.acall(i, i) for i in ids))
+            again = await asyncio.gather(*(tool.acall(i, i) for i in ids))
+            records = await asyncio.gather(*(store.aget(i) for i in asked_ids))  # reads follow it too
+            assert all(r is not None and r.status is Status.COMMITTED for r in records), records
+            await client.aclose()
+            return made, again
+
+        made, again = asyncio.run(scenario())
+        assert made == again
+        assert {i: tool.runs[i] for i in ids} == dict.fromkeys(ids, 1)
+        assert redirections(moving.source, "ASK") > asks_before, "no ASK met: the test proved nothing"
+        assert moving.keys_on(moving.target) == {record_key(store.namespace, i) for i in asked_ids}
+        for call_id in asked_ids:
+            record = store.get(call_id)
+            assert record is not None and record.status is Status.COMMITTED, (call_id, record)
+
+
+# -- the store's own following of an ASK, without a server ----------------------------------------
+def test_a_command_redis_py_gave_up_on_follows_its_ask_on_one_connection() -> None:
+    commit = ("EVALSHA", "abc", 1, b"k", b"a")
+    plan = follow([commit])
+    assert next(plan) == Send([commit])  # to the key's primary, as the slot map names it
+    ask = AskError(ASK)
+    assert plan.send([ask]) == Send([("ASKING",), commit], ask=ask)  # one pipeline, one connection
+    with pytest.raises(StopIteration) as done:
+        plan.send([b"OK", b"committed"])
+    assert done.value.value == [b"committed"]
+
+    read = [("GET", b"k"), ("PTTL", b"k")]  # ASKING allows one command: one before each
+    plan = follow(read)
+    assert next(plan) == Send(read)
+    assert plan.send([ask, ask]) == Send([("ASKING",), read[0], ("ASKING",), read[1]], ask=ask)
+    with pytest.raises(StopIteration) as done:
+        plan.send([b"OK", b"v", b"OK", 1000])
+    assert done.value.value == [b"v", 1000]
+
+
+def test_the_followed_commands_own_errors_come_back_and_its_tries_are_bounded() -> None:
+    ask, moved = AskError(ASK), MovedError(ASK)
+    noscript = NoScriptError("No matching script")
+    assert read_followed([b"OK", noscript], asked=True) == [noscript]  # the store sends the source
+    assert read_followed([moved], asked=False) == Again(moved, refresh=True)  # the migration finished
+    assert read_followed([b"OK", ask], asked=True) == Again(ask, refresh=True)  # not followed twice
+    lost = redis.ConnectionError("Connection closed by server.")
+    assert read_followed(lost, asked=False) == Again(lost, refresh=True)
+    with pytest.raises(redis.ResponseError, match="NOPERM"):
+        read_followed([redis.ResponseError("NOPERM asking"), b"r"], asked=True)
+
+    plan = follow([("SET", b"k", b"v", "NX", "PX", 1000)])
+    kinds: list[str] = []
+    answer: Any = None
+    with pytest.raises(AskNotFollowed, match=f"after {TRIES} tries"):  # a ClusterError, as redis-py's
+        while True:
+            request = plan.send(answer)
+            kinds.append("ask" if isinstance(request, Send) and request.ask else type(request).__name__)
+            answer = (
+                None if isinstance(request, Again) else [AskError(ASK)] if not request.ask else [b"OK", moved]
+            )
+    assert kinds == ["Send", "ask", "Again"] * TRIES
+
+
+def test_the_key_of_a_store_command() -> None:
+    assert key_of(("SET", b"k", b"v", "NX", "PX", 1)) == b"k"
+    assert key_of(("EVALSHA", "abc", 1, b"k", b"a")) == b"k"
+    assert key_of(("EVAL", "return 1", 1, b"k")) == b"k"
+    assert key_of(("EVAL", "return 1", 0)) is None
+    assert key_of(("PING",)) is None
+    assert key_of(("SCRIPT", "LOAD", "return 1")) is None

@@ -16,55 +16,39 @@ follows the ASK as a cluster client does, without touching the slot map: ``ASKIN
 only the command right after it) and the waits, in one pipeline on one connection to the node the ASK
 names, so WAIT counts that node's replicas. ``MOVED`` (the migration finished) re-reads the slot map.
 An ASK to a node that is in no slot map (new to the cluster: the first slot moving onto it) is not
-followed (see :class:`OffTheMapError`): the begin is refused after its tries, and the tool does not run.
+followed (see :class:`.asking.OffTheMapError`): the begin is refused after its tries, and the tool
+does not run.
 
 The rules (which commands, when to follow an ASK, re-read the map, load the script, give up) live in
 one generator, ``ReplicaWait._plan``, that yields what to send and is sent the replies (read by the pure
-:func:`read_replies`); ``begin`` and ``abegin`` only carry its requests to the servers.
+:func:`read_replies`); ``begin`` and ``abegin`` only carry its requests to the servers, through
+:mod:`.asking` (which the store's other commands share when redis-py gives up on an ASK).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Generator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-import redis
-import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
-from redis.exceptions import AskError, MovedError, NoScriptError, TryAgainError
+from redis.exceptions import AskError, MovedError, NoScriptError
 
 from ..core.errors import StoreError
 from ..core.stepping import adrive, drive
-from .loop_steps import step as _step
+from .asking import REROUTE, Again, NodeClients, Request, Send, carry
 from .server_facts import ServerFacts, facts_from_info, merge_info, per_node
-from .url import AsyncClient, SyncClient, async_node_client
+from .url import AsyncClient, SyncClient
 
-_REROUTE = (MovedError, AskError, TryAgainError, redis.ConnectionError, redis.TimeoutError)
 _MAX_REMEMBERED = 65536
 _TRIES = 3  # visits to the key's primary as the slot map names it (each may follow one ASK)
 
 
 class DurabilityError(StoreError):
     """The pending record did not reach enough replicas (or the disk) in time: the tool must not run."""
-
-
-class OffTheMapError(redis.RedisError):
-    """An ASK named a node that is not in the cluster client's map (one that serves no slot yet: the
-    first slot resharded onto a node new to the cluster). The begin is not sent there: the store's
-    other commands go through redis-py's cluster client, which cannot follow an ASK to such a node,
-    so an attempt started there could not be committed. The slot map is read again instead."""
-
-    def __init__(self, ask: AskError) -> None:
-        super().__init__(
-            f"ASK {ask.slot_id} names {ask.host}:{ask.port}, a node outside the cluster's slot map "
-            "(a node new to the cluster, serving no slot yet)"
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,32 +80,13 @@ async def aread_facts(client: AsyncClient) -> ServerFacts:
     return facts_from_info(merge_info(*replies))
 
 
-# -- one begin, as data: what to send, and what the replies mean ------------------------------------
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Send ``commands`` in one pipeline, on one connection: to the key's primary as the slot map
-    names it, or (``ask`` set) to the node that ASK redirection names."""
-
-    commands: list[tuple[Any, ...]]
-    ask: AskError | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Again:
-    """This visit did not get through: re-read the slot map or load the script, then visit again."""
-
-    reason: BaseException
-    refresh: bool = False  # re-read the cluster's slot map
-    load_script: bool = False  # load the script into the key's primary (NOSCRIPT)
-
-
+# -- one begin, as data: what the replies mean (what to send: asking.Send and asking.Again) -------
 @dataclass(frozen=True, slots=True)
 class Done:
     reply: Any
     acks: Acks
 
 
-Request: TypeAlias = "Send | Again"
 _Plan: TypeAlias = "Generator[Request, Any, tuple[Any, Acks]]"
 
 
@@ -147,7 +112,7 @@ def read_replies(
         return Again(first, load_script=True)
     if cluster and isinstance(first, AskError) and not isinstance(first, MovedError) and not asked:
         return first  # MovedError is an AskError: only a real ASK is followed
-    if cluster and isinstance(first, _REROUTE):
+    if cluster and isinstance(first, REROUTE):
         return Again(first, refresh=True)
     for reply in replies:
         if isinstance(reply, Exception):
@@ -155,14 +120,6 @@ def read_replies(
     replicas = int(replies[1])
     aof_local = int(replies[2][0]) if len(replies) > 2 else None
     return Done(first, Acks(replicas, aof_local))
-
-
-@dataclass(eq=False)
-class _LoopNodes:
-    """One event loop's plain clients to cluster nodes (by ``host:port``), and the hook that closes them."""
-
-    clients: dict[str, aredis.Redis] = field(default_factory=dict)
-    closer: AsyncGenerator[None, None] | None = None
 
 
 class ReplicaWait:
@@ -181,7 +138,7 @@ class ReplicaWait:
         self.timeout_ms = max(1, round(timeout * 1000))
         self._acks: OrderedDict[str, Acks] = OrderedDict()
         self._lock = threading.Lock()
-        self._async_nodes: dict[asyncio.AbstractEventLoop, _LoopNodes] = {}
+        self.nodes = NodeClients()  # the asyncio begins' plain clients to the cluster's nodes, per loop
 
     def commands(self, facts: ServerFacts | None) -> list[tuple[Any, ...]]:
         commands: list[tuple[Any, ...]] = [("WAIT", self.replicas, self.timeout_ms)]
@@ -261,40 +218,7 @@ class ReplicaWait:
         (or, while its slot migrates, to the node that ASK redirection names)."""
         cluster = isinstance(client, RedisCluster)
         plan = self._plan(key=key, sha=sha, source=source, args=args, facts=facts, cluster=cluster)
-        return drive(plan, lambda request: self._carry(client, key, source, request))
-
-    def _carry(self, client: SyncClient, key: bytes, source: str, request: Request) -> Any:
-        if isinstance(request, Again):
-            if isinstance(client, RedisCluster) and request.refresh:
-                client.nodes_manager.initialize()
-            if request.load_script:
-                node = self._sync_node(client, key, None)
-                assert node is not None  # the key's primary always has a client
-                node.script_load(source)
-            return None
-        target = self._sync_node(client, key, request.ask)
-        if target is None:
-            assert request.ask is not None
-            return OffTheMapError(request.ask)
-        try:
-            pipe = target.pipeline(transaction=False)
-            for command in request.commands:
-                pipe.execute_command(*command)
-            return pipe.execute(raise_on_error=False)
-        except _REROUTE as exc:
-            return exc
-
-    @staticmethod
-    def _sync_node(client: SyncClient, key: bytes, ask: AskError | None) -> redis.Redis | None:
-        """A plain client to the key's primary, or to the node ``ask`` names (None: not in the map)."""
-        if not isinstance(client, RedisCluster):
-            return client
-        node = client.get_node_from_key(key)
-        if ask is not None:
-            node = client.get_node(*_asked_address(client.nodes_manager, ask, node.host))
-            if node is None:
-                return None
-        return client.get_redis_connection(node)
+        return drive(plan, lambda request: carry(client, key, request, source))
 
     # -- coroutines -------------------------------------------------------------------------------
     async def abegin(
@@ -309,81 +233,4 @@ class ReplicaWait:
     ) -> tuple[Any, Acks]:
         cluster = isinstance(client, AsyncRedisCluster)
         plan = self._plan(key=key, sha=sha, source=source, args=args, facts=facts, cluster=cluster)
-        return await adrive(plan, lambda request: self._acarry(client, key, source, request))
-
-    async def _acarry(self, client: AsyncClient, key: bytes, source: str, request: Request) -> Any:
-        if isinstance(request, Again):
-            if isinstance(client, AsyncRedisCluster) and request.refresh:
-                await client.nodes_manager.initialize()
-            if request.load_script:
-                node = self._async_node(client, key, None)
-                assert node is not None  # the key's primary always has a client
-                await node.script_load(source)
-            return None
-        if isinstance(client, AsyncRedisCluster):
-            await client.initialize()  # no-op once the slot map is known
-        target = self._async_node(client, key, request.ask)
-        if target is None:
-            assert request.ask is not None
-            return OffTheMapError(request.ask)
-        try:
-            pipe = target.pipeline(transaction=False)
-            for command in request.commands:
-                pipe.execute_command(*command)
-            return await pipe.execute(raise_on_error=False)
-        except _REROUTE as exc:
-            return exc
-
-    def _async_node(self, client: AsyncClient, key: bytes, ask: AskError | None) -> aredis.Redis | None:
-        """A plain client to the key's primary, or to the node ``ask`` names (None: not in the map),
-        kept for the running loop."""
-        if not isinstance(client, AsyncRedisCluster):
-            return client
-        node = client.get_node_from_key(key)  # type: ignore[arg-type]
-        if node is None:
-            raise StoreError("the cluster has no node for the record's slot (cluster down?)")
-        if ask is not None:
-            node = client.get_node(*_asked_address(client.nodes_manager, ask, node.host))
-            if node is None:
-                return None
-        clients = self._loop_nodes().clients
-        made = clients.get(node.name)
-        if made is None:
-            made = clients[node.name] = async_node_client(client, node)
-        return made
-
-    def _loop_nodes(self) -> _LoopNodes:
-        loop = asyncio.get_running_loop()
-        held = self._async_nodes.get(loop)
-        if held is None:
-            for old, stale in [(lp, h) for lp, h in self._async_nodes.items() if lp.is_closed()]:
-                del self._async_nodes[old]
-                if stale.closer is not None:
-                    _step(stale.closer.aclose())  # its loop is gone: end the hook without awaiting
-            held = self._async_nodes[loop] = _LoopNodes()
-            held.closer = self._close_with_loop(loop, held)
-            _step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
-        return held
-
-    async def _close_with_loop(
-        self, loop: asyncio.AbstractEventLoop, held: _LoopNodes
-    ) -> AsyncGenerator[None, None]:
-        """Parked for the loop's lifetime; the loop's ``shutdown_asyncgens()`` (which ``asyncio.run``
-        calls before closing the loop) finishes it, and so closes the node clients made for that loop."""
-        try:
-            yield
-        finally:
-            if self._async_nodes.get(loop) is held:
-                del self._async_nodes[loop]
-            if not loop.is_closed():
-                for made in held.clients.values():
-                    with contextlib.suppress(redis.RedisError, OSError):  # close the others regardless
-                        await made.aclose(close_connection_pool=True)
-
-
-def _asked_address(manager: Any, ask: AskError, origin_host: str) -> tuple[str, int]:
-    """The ``(host, port)`` an ASK names, as the client reaches it: a hostless ``ASK <slot> :port``
-    (``cluster-preferred-endpoint-type unknown-endpoint``) means the host that answered; then the
-    cluster client's ``address_remap``."""
-    host, port = manager.remap_host_port(ask.host or origin_host, ask.port)
-    return host, port
+        return await adrive(plan, lambda request: self.nodes.carry(client, key, request, source))

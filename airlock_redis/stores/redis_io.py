@@ -4,7 +4,9 @@ The store writes each operation once, as a plan (:mod:`airlock_redis.core.steppi
 operations below; :func:`blocking_io` and :func:`async_io` carry them out through redis-py's public
 client API, one table each, sharing every entry whose call is the same for both clients (an asyncio
 client's method returns the awaitable of the same command). Whatever a rule decides (re-send or give
-up, what a reply means) is in a plan, never here.
+up, what a reply means) is in a plan, never here; the one exception is below the plans: a command
+that redis-py's asyncio Cluster client could not get through a migrating slot is sent again on one
+connection (:class:`AsyncIO`, :mod:`.asking`), as its blocking client would have sent it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from collections.abc import Awaitable, Callable, Generator
 from typing import Any, NamedTuple, TypeVar
 
 import redis
+from redis.exceptions import ClusterError
 
 from ..core.errors import StoreError
 from ..core.stepping import Plan
+from .asking import NodeClients, afollow, gave_up_on_ask, key_of
 from .durability import ReplicaWait, aread_facts, on_primaries, read_facts
 from .server_facts import ServerFacts
 from .tries import Tries
@@ -107,19 +111,57 @@ def async_io(
 ) -> Callable[[Op], Awaitable[Any]]:
     """Carry an operation out with the asyncio client ``client()`` returns (the running loop's); a
     :class:`Command` through ``command(args)`` when given (the loop's auto-pipeline)."""
-    if command is None:
+    return AsyncIO(client, command)
 
-        async def perform(op: Op) -> Any:
-            return await _ASYNC[type(op)](client(), op)
 
-        return perform
+class AsyncIO:
+    """What :func:`async_io` makes: ``await io(op)`` carries ``op`` out.
 
-    async def perform_pipelined(op: Op) -> Any:
+    On a Cluster, a :class:`Command` (or a :class:`Read`) that redis-py's asyncio client gave up on
+    after a run of redirections ("TTL exhausted": its ASK is not followed on one connection, see
+    :mod:`.asking`) is sent again by :func:`.asking.afollow`, ``ASKING`` and the command in one
+    pipeline on one connection to the node the ASK names, through ``nodes``, the running loop's plain
+    clients to the cluster's nodes. Every store command is safe to send again; whether a try may have
+    landed is still the plan's to judge (an error the re-send gives up with is a ``ClusterError``, as
+    redis-py's own)."""
+
+    __slots__ = ("_client", "_command", "nodes")
+
+    def __init__(
+        self, client: Callable[[], Any], command: Callable[[tuple[Any, ...]], Awaitable[Any]] | None = None
+    ) -> None:
+        self._client = client
+        self._command = command
+        self.nodes = NodeClients()
+
+    async def __call__(self, op: Op) -> Any:
         if type(op) is Command:
-            return await command(op.args)
-        return await _ASYNC[type(op)](client(), op)
+            return await self._send(op.args)
+        if type(op) is Read:
+            return await self._read(op.key)
+        return await _ASYNC[type(op)](self._client(), op)
 
-    return perform_pipelined
+    async def _send(self, args: tuple[Any, ...]) -> Any:
+        client = self._client()
+        try:
+            if self._command is not None:
+                return await self._command(args)
+            return await client.execute_command(*args)
+        except ClusterError as exc:
+            key = key_of(args)
+            if key is None or not gave_up_on_ask(client, exc):
+                raise
+            (reply,) = await afollow(client, self.nodes, key, [args])
+        if isinstance(reply, Exception):  # the command's own error reply (NOSCRIPT, say)
+            raise reply
+        return reply
+
+    async def _read(self, key: bytes) -> Any:
+        client = self._client()
+        replies = await _EITHER[Read](client, Read(key))
+        if any(gave_up_on_ask(client, reply) for reply in replies if isinstance(reply, Exception)):
+            replies = await afollow(client, self.nodes, key, [("GET", key), ("PTTL", key)])
+        return replies
 
 
 # -- the store's re-sends, once for both ------------------------------------------------------------
