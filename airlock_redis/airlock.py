@@ -115,7 +115,9 @@ from .airlock_calls import GuardedRun, Tool, explained, note_error  # noqa: E402
 from .airlock_policy import SecurityPolicy  # noqa: E402
 from .airlock_state import CALL_NOTE, CALL_STATE, CallState, Note, guard_of  # noqa: E402
 from .approval import approve, approve_blocking  # noqa: E402
+from .context import refusing_in_doubt  # noqa: E402
 from .core.errors import ApprovalDenied, CanonicalizationError, EffectRefused  # noqa: E402
+from .core.refusals import InDoubtAfterError  # noqa: E402
 from .guard import EffectGuard  # noqa: E402
 
 __all__ = ["SUPPORTED_AGENT_AIRLOCK", "Airlock", "SecurityPolicy"]
@@ -261,9 +263,10 @@ class Airlock(_BaseAirlock):
                     described, escalation = call.prepare()
                     if escalation is not None:
                         await approve(call.approver, escalation)
-                    done = await call.guard.aexecute(
-                        described, call.invoke, approver=call.approver, annotation=tool.returns
-                    )
+                    with refusing_in_doubt(described.raw_tool_call_id):
+                        done = await call.guard.aexecute(
+                            described, call.invoke, approver=call.approver, annotation=tool.returns
+                        )
                 except Exception as error:
                     return call.failed(error)
                 except BaseException as error:
@@ -282,9 +285,10 @@ class Airlock(_BaseAirlock):
                 described, escalation = call.prepare()
                 if escalation is not None:
                     approve_blocking(call.approver, escalation)
-                done = call.guard.execute(
-                    described, call.invoke, approver=call.approver, annotation=tool.returns
-                )
+                with refusing_in_doubt(described.raw_tool_call_id):
+                    done = call.guard.execute(
+                        described, call.invoke, approver=call.approver, annotation=tool.returns
+                    )
             except Exception as error:
                 return call.failed(error)
             except BaseException as error:
@@ -305,7 +309,15 @@ class Airlock(_BaseAirlock):
         ran: bool,
         started: float,
     ) -> dict[str, Any]:
-        """A guard refusal becomes a blocked response; a tool's own error goes on to agent_airlock."""
+        """A guard refusal becomes a blocked response; a tool's own error goes on to agent_airlock,
+        except one that left a tool that is not reversible in doubt: the guard refused it (from the
+        error), so the model reads "do not retry" rather than agent_airlock's "please try again"."""
+        if isinstance(error, InDoubtAfterError):
+            response = self._refused(tool, error, started)
+            note = CALL_NOTE.get()
+            if note is not None and note.audit is not None:
+                note.audit["effect"] = "unknown"  # the tool ran; its record is unknown
+            return response
         answer = approver.answer if approver is not None else None
         if isinstance(error, ApprovalDenied) and not ran and answer is not None:
             if state.escalation is not None:

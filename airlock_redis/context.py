@@ -92,3 +92,38 @@ class running_key:
 
     def __exit__(self, *exc: object) -> None:
         _running.reset(self._token)
+
+
+# the tool_call_id whose guarded call is run by an integration that wants an error leaving the call
+# in doubt (tool not reversible) to end as a refusal the model reads; read on the error path only
+_refuse_in_doubt: contextvars.ContextVar[Any] = contextvars.ContextVar(
+    "airlock_redis_refuse_in_doubt", default=None
+)
+
+
+class refusing_in_doubt:
+    """Inside the block, the guarded call made under ``tool_call_id`` (and no other: a guarded call
+    its tool makes under another id keeps its own behaviour) ends an error that leaves it in doubt,
+    for a tool that is not reversible, with an :class:`~airlock_redis.EffectStatusUnknown` refusal
+    (raised from the error) instead of re-raising the error. The record settles ``unknown`` either
+    way. What a framework integration sets, so that the model reads "do not call it again" on the
+    first attempt rather than the framework's "please try again"."""
+
+    __slots__ = ("_token", "_tool_call_id")
+
+    def __init__(self, tool_call_id: Any) -> None:
+        self._tool_call_id = tool_call_id
+
+    def __enter__(self) -> None:
+        self._token = _refuse_in_doubt.set(self._tool_call_id)
+
+    def __exit__(self, *exc: object) -> None:
+        _refuse_in_doubt.reset(self._token)
+
+
+def refuses_in_doubt(tool_call_id: Any) -> bool:
+    """Whether the call under ``tool_call_id`` (as the host gave it) runs inside
+    :class:`refusing_in_doubt` for that id. Never raises (it is read after the tool raised, before
+    the record settles): only two plain strings are compared."""
+    wanted = _refuse_in_doubt.get()
+    return type(wanted) is str and type(tool_call_id) is str and wanted == tool_call_id

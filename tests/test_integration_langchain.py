@@ -3,8 +3,10 @@ LLM, no network), records on a real redis-server.
 
 The same tool call id twice runs the tool once and replays its ToolMessage; a call left in doubt
 (the tool timed out, the run crashed, the graph is resumed from its checkpoint) reaches the model as
-an error ToolMessage that says not to issue it again, and the agent finishes; a reversible tool runs
-again; a tool also wrapped by guard.wrap gives one record; on_refusal="raise" raises.
+an error ToolMessage that says not to issue it again, on its first attempt too, and the agent
+finishes; an ordinary error and a reversible tool's error are the framework's to handle, and a
+reversible tool runs again; a tool also wrapped by guard.wrap gives one record; on_refusal="raise"
+raises.
 """
 
 from __future__ import annotations
@@ -183,29 +185,59 @@ def test_same_id_with_other_args_is_refused_as_a_message(mode: str, guard: Effec
     assert final_text(result) == "done"
 
 
+def first_in_doubt_text(tool: str, error: str = "TimeoutError") -> str:
+    """What the model reads on the first attempt whose error left the call in doubt."""
+    return f"The call to {tool!r} may have taken effect: it ended with {error}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_first_in_doubt_error_reaches_the_model_as_a_refusal_and_the_model_stops(
+    mode: str, guard: EffectGuard
+) -> None:
+    """The tool times out (the email may have gone out): on this very attempt the model is told that
+    the call may have taken effect and must not be issued again, not the tool's error; the run goes
+    on, the model stops, and the tool ran once."""
+    runs: list[str] = []
+    model = script(calls_tool("c1", "send_email", to="ann"))
+    agent = create_agent(
+        model, [make_send_email(mode, runs, fail_first=True)], middleware=[EffectGuardMiddleware(guard)]
+    )
+
+    result = run_agent(mode, agent, ask())
+
+    (refused,) = tool_messages(result)
+    assert refused.status == "error" and refused.tool_call_id == "c1" and refused.name == "send_email"
+    content = str(refused.content)
+    assert content.startswith(first_in_doubt_text("send_email"))
+    assert "Do not call it again, under this id or a new one." in content
+    assert "try again" not in content.lower() and "read timed out" not in content
+    assert any(m.content == content for m in model.seen[-1] if isinstance(m, ToolMessage))  # the model saw it
+    assert final_text(result) == "done"
+    assert runs == ["ann"]
+    record = guard.store.get("c1")
+    assert record is not None and record.status is Status.UNKNOWN
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_in_doubt_retry_reaches_the_model_as_a_refusal_and_the_run_finishes(
     mode: str, guard: EffectGuard
 ) -> None:
-    """The tool times out (the effect may have happened) and the run fails, as LangGraph fails on a
-    tool error; resumed from its checkpoint, the graph runs the same tool call again: the model is
-    told not to issue it again, and the agent finishes."""
+    """The first run's tool times out and its model is told so; the same tool call run again (another
+    run of the same conversation, a re-driven run) does not run the tool: the model is told not to
+    issue it again, and the agent finishes."""
     runs: list[str] = []
-    model = script(calls_tool("c1", "send_email", to="ann"))
-    agent = create_agent(
-        model,
-        [make_send_email(mode, runs, fail_first=True)],
-        middleware=[EffectGuardMiddleware(guard)],
-        checkpointer=InMemorySaver(),
+    tools = [make_send_email(mode, runs, fail_first=True)]
+    first = run_agent(
+        mode,
+        create_agent(
+            script(calls_tool("c1", "send_email", to="ann")), tools, middleware=[EffectGuardMiddleware(guard)]
+        ),
+        ask(),
     )
-    config = {"configurable": {"thread_id": f"thread-{mode}"}}
+    assert str(tool_messages(first)[0].content).startswith(first_in_doubt_text("send_email"))
 
-    with pytest.raises(TimeoutError):
-        run_agent(mode, agent, ask(), config)
-    record = guard.store.get("c1")
-    assert record is not None and record.status is Status.UNKNOWN
-
-    result = run_agent(mode, agent, None, config)  # resume from the last checkpoint
+    model = script(calls_tool("c1", "send_email", to="ann"))
+    result = run_agent(mode, create_agent(model, tools, middleware=[EffectGuardMiddleware(guard)]), ask())
 
     (refused,) = tool_messages(result)
     assert runs == ["ann"]
@@ -214,6 +246,29 @@ def test_in_doubt_retry_reaches_the_model_as_a_refusal_and_the_run_finishes(
     assert "try again" not in str(refused.content).lower()
     assert any(IN_DOUBT in str(m.content) for m in model.seen[-1])  # the model was shown it
     assert final_text(result) == "done"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_ordinary_error_keeps_the_frameworks_handling_and_releases_the_call(
+    mode: str, guard: EffectGuard
+) -> None:
+    """A ValueError leaves nothing in doubt: the run fails on it as LangGraph fails on a tool error,
+    and the call is released (a retry runs it)."""
+    runs: list[str] = []
+
+    @tool
+    def cancel(order: str) -> str:
+        """Cancel an order."""
+        runs.append(order)
+        raise ValueError("order is already shipped")
+
+    agent = create_agent(
+        script(calls_tool("c1", "cancel", order="o1")), [cancel], middleware=[EffectGuardMiddleware(guard)]
+    )
+    with pytest.raises(ValueError, match="already shipped"):
+        run_agent(mode, agent, ask())
+    assert runs == ["o1"]
+    assert guard.store.get("c1") is None
 
 
 @pytest.mark.parametrize("how", ("tag", "mapping"))
@@ -305,9 +360,10 @@ def test_on_refusal_raise_for_a_call_in_doubt(guard: EffectGuard) -> None:
         checkpointer=InMemorySaver(),
     )
     config = {"configurable": {"thread_id": "raise-in-doubt"}}
-    with pytest.raises(TimeoutError):
+    with pytest.raises(EffectStatusUnknown) as first:  # the first attempt: the refusal, from the error
         run_agent("sync", agent, ask(), config)
-    with pytest.raises(EffectStatusUnknown):
+    assert isinstance(first.value.__cause__, TimeoutError)
+    with pytest.raises(EffectStatusUnknown):  # resumed from the checkpoint: refused, not run
         run_agent("sync", agent, None, config)
     assert runs == ["ann"]
 
@@ -347,6 +403,58 @@ def test_tool_node_wrappers_run_once_and_replay(mode: str, guard: EffectGuard) -
     assert runs == ["ann"]
     assert first.content == again.content == "sent to ann"
     assert again.tool_call_id == "c7" and again.status == "success"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tool_node_gives_the_first_in_doubt_error_to_the_model_as_a_refusal(
+    mode: str, guard: EffectGuard
+) -> None:
+    """A ToolNode of one's own (default error handling, which raises a tool's error): the timed-out
+    call comes out as the refusal ToolMessage, on the first attempt and on a retry of the same id."""
+    runs: list[str] = []
+    mw = EffectGuardMiddleware(guard)
+    node = ToolNode(
+        [make_send_email(mode, runs, fail_first=True)],
+        wrap_tool_call=mw.wrap_tool_call,
+        awrap_tool_call=mw.awrap_tool_call,
+    )
+    call = calls_tool("c11", "send_email", to="ann")
+
+    (first,) = run_node(mode, node, node_input(call))
+    (again,) = run_node(mode, node, node_input(call))
+
+    assert first.status == "error" and first.tool_call_id == "c11"
+    assert str(first.content).startswith(first_in_doubt_text("send_email"))
+    assert again.status == "error" and IN_DOUBT in str(again.content)
+    assert runs == ["ann"]
+    record = guard.store.get("c11")
+    assert record is not None and record.status is Status.UNKNOWN
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tool_node_keeps_raising_the_error_of_a_reversible_tool(mode: str, guard: EffectGuard) -> None:
+    """A reversible tool may be run again: its timeout is the framework's to handle (here, the run
+    fails on it), and a retry of the same id runs it."""
+    runs: list[str] = []
+
+    @tool
+    @reversibility("reversible")
+    def lookup(city: str) -> str:
+        """Look the weather up."""
+        runs.append(city)
+        if len(runs) == 1:
+            raise TimeoutError("weather api: read timed out")
+        return f"sunny in {city}"
+
+    mw = EffectGuardMiddleware(guard)
+    node = ToolNode([lookup], wrap_tool_call=mw.wrap_tool_call, awrap_tool_call=mw.awrap_tool_call)
+    call = calls_tool("c12", "lookup", city="Oslo")
+
+    with pytest.raises(TimeoutError):
+        run_node(mode, node, node_input(call))
+    (again,) = run_node(mode, node, node_input(call))
+    assert (again.content, again.status) == ("sunny in Oslo", "success")
+    assert runs == ["Oslo", "Oslo"]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -4,8 +4,9 @@ real redis-server.
 The SDK itself refuses a tool call id reused within one run; what it cannot see is the same call
 run again by another run or another worker: two workers resuming the same approved RunState, or a
 run re-driven after a crash. There the tool runs once and the second gets the replay; a call left in
-doubt reaches the model as a refusal that says not to issue it again (never "please try again"),
-and the run finishes.
+doubt reaches the model as a refusal that says not to issue it again (never "please try again"), on
+its first attempt as on a retry, and the run finishes; an ordinary error, and a reversible tool's,
+are the SDK's to handle.
 """
 
 from __future__ import annotations
@@ -140,18 +141,76 @@ def test_on_invoke_tool_called_directly_is_keyed_on_the_tool_call_id(mode: str, 
     assert refused == f"Tool 'refund' was not run. {MODEL_MESSAGES['policy_violation']}"
 
 
+def first_in_doubt_text(tool: str, error: str = "TimeoutError") -> str:
+    """What the model reads on the first attempt whose error left the call in doubt."""
+    return f"The call to {tool!r} may have taken effect: it ended with {error}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_first_in_doubt_error_reaches_the_model_as_a_refusal_and_the_model_stops(
+    mode: str, guard: EffectGuard
+) -> None:
+    """The refund times out (the money may have moved): on this very attempt the model gets, as the
+    tool's output, that the call may have taken effect and must not be issued again, never the SDK's
+    "please try again"; the model stops, and the refund ran once."""
+    runs: list[str] = []
+    tools = guard_tools([make_refund(mode, runs, fail_first=True)], guard)
+    model = calls_refund("call_1", "o1")
+
+    result = run(mode, Agent(name="ops", model=model, tools=tools), "refund o1")
+
+    (refused,) = outputs(result)
+    assert refused.startswith(first_in_doubt_text("refund"))
+    assert "Do not call it again, under this id or a new one." in refused
+    assert SDK_GENERIC_ERROR not in refused and "try again" not in refused.lower()
+    assert "read timed out" not in refused  # the error's own text is not the model's
+    assert shown_to_model(model) == [refused]
+    assert result.final_output == "done"
+    assert runs == ["o1"]
+    record = guard.store.get("call_1")
+    assert record is not None and record.status is Status.UNKNOWN
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_model_that_would_retry_under_a_new_id_is_told_not_to(mode: str, guard: EffectGuard) -> None:
+    """The scenario of issue 25: a scripted model that retries the refund under a new call id after a
+    timeout. It used to be shown the SDK's "An error occurred while running the tool. Please try
+    again."; now the output it reads before its retry is the refusal. (A new id is still a new call
+    for the guard: telling the two apart is the ``dedupe`` option's job, not this one's.)"""
+    runs: list[str] = []
+    tools = guard_tools([make_refund(mode, runs, fail_first=True)], guard)
+    model = ScriptedModel(
+        [
+            [function_call("refund", {"order": "o1"}, call_id="call_1")],
+            [function_call("refund", {"order": "o1"}, call_id="call_2")],
+            [assistant_message("done")],
+        ]
+    )
+
+    result = run(mode, Agent(name="ops", model=model, tools=tools), "refund o1")
+
+    first = outputs(result)[0]
+    assert first.startswith(first_in_doubt_text("refund"))
+    shown = [
+        str(item.get("output")) for item in model.calls[1].input if item.get("type") == "function_call_output"
+    ]
+    assert shown == [first]  # what the model read before it issued call_2
+    assert not any(SDK_GENERIC_ERROR in text for text in shown_to_model(model))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_in_doubt_call_run_again_is_refused_for_the_model_and_the_run_finishes(
     mode: str, guard: EffectGuard
 ) -> None:
-    """The first run's tool times out: the SDK tells the model as it does for any tool error, and the
-    call is recorded in doubt. A second run of the same call (another worker, a re-driven run) does
-    not run the tool: the model gets the refusal as the tool's output, and the run finishes."""
+    """The first run's tool times out: the model is told the call may have taken effect, and the call
+    is recorded in doubt. A second run of the same call (another worker, a re-driven run) does not run
+    the tool: the model gets the refusal as the tool's output, and the run finishes."""
     runs: list[str] = []
     tools = guard_tools([make_refund(mode, runs, fail_first=True)], guard)
 
     first = run(mode, Agent(name="ops", model=calls_refund("call_1", "o1"), tools=tools), "refund o1")
-    assert outputs(first) == [SDK_GENERIC_ERROR]
+    (told,) = outputs(first)
+    assert told.startswith(first_in_doubt_text("refund"))
     record = guard.store.get("call_1")
     assert record is not None and record.status is Status.UNKNOWN
 
@@ -166,12 +225,58 @@ def test_in_doubt_call_run_again_is_refused_for_the_model_and_the_run_finishes(
     assert again.final_output == "done"
 
 
-def test_without_a_failure_function_the_tool_error_is_raised_and_recorded(guard: EffectGuard) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_an_ordinary_error_keeps_the_sdks_handling_and_releases_the_call(
+    mode: str, guard: EffectGuard
+) -> None:
+    """A ValueError leaves nothing in doubt: the model gets what the SDK gives for a tool error, and
+    the call is released."""
+    runs: list[str] = []
+
+    def cancel(order: str) -> str:
+        """Cancel an order."""
+        runs.append(order)
+        raise ValueError("order is already shipped")
+
+    tools = guard_tools([function_tool(cancel)], guard)
+    model = ScriptedModel(
+        [[function_call("cancel", {"order": "o1"}, call_id="call_1")], [assistant_message("done")]]
+    )
+
+    result = run(mode, Agent(name="ops", model=model, tools=tools), "cancel o1")
+
+    assert outputs(result) == [SDK_GENERIC_ERROR]
+    assert runs == ["o1"]
+    assert guard.store.get("call_1") is None
+
+
+def test_without_a_failure_function_an_ordinary_error_is_raised_and_released(guard: EffectGuard) -> None:
+    runs: list[str] = []
+
+    def cancel(order: str) -> str:
+        """Cancel an order."""
+        runs.append(order)
+        raise ValueError("order is already shipped")
+
+    tools = guard_tools([function_tool(cancel, failure_error_function=None)], guard)
+    model = ScriptedModel(
+        [[function_call("cancel", {"order": "o1"}, call_id="call_1")], [assistant_message("done")]]
+    )
+    with pytest.raises(UserError) as failed:  # how the SDK fails a run on a tool error
+        run("async", Agent(name="ops", model=model, tools=tools), "cancel o1")
+    assert isinstance(failed.value.__cause__, ValueError)
+    assert guard.store.get("call_1") is None
+
+
+def test_without_a_failure_function_an_error_in_doubt_is_still_a_refusal(guard: EffectGuard) -> None:
+    """A refusal is never a tool error for the SDK (with or without a failure function): the call in
+    doubt reaches the model as the refusal text, and the run finishes."""
     runs: list[str] = []
     tools = guard_tools([make_refund("async", runs, fail_first=True, failure_error_function=None)], guard)
-    with pytest.raises(UserError) as failed:  # how the SDK fails a run on a tool error
-        run("async", Agent(name="ops", model=calls_refund("call_1", "o1"), tools=tools), "refund o1")
-    assert isinstance(failed.value.__cause__, TimeoutError)
+    result = run("async", Agent(name="ops", model=calls_refund("call_1", "o1"), tools=tools), "refund o1")
+    (refused,) = outputs(result)
+    assert refused.startswith(first_in_doubt_text("refund"))
+    assert result.final_output == "done"
     record = guard.store.get("call_1")
     assert record is not None and record.status is Status.UNKNOWN
 

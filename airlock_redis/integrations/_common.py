@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
+from ..context import refusing_in_doubt
 from ..core.errors import EffectRefused
 from ..core.reversibility import (
     TAG_ATTRIBUTE,
@@ -125,11 +126,15 @@ class GuardedToolCalls:
     ) -> Any:
         """Run ``body()`` guarded: the record names ``tool`` and ``arguments``. Returns what the body
         returned, or its stored result on a replay; raises :class:`EffectRefused` on a refusal and
-        whatever the body raised."""
+        whatever else the body raised. An error of the body that leaves a tool that is not
+        reversible in doubt (its record settles ``unknown``) is raised as an
+        :class:`~airlock_redis.EffectStatusUnknown` (from that error), so the model is told on the
+        first attempt not to call it again; a cancellation is raised as it is."""
         runner = self._runner(tool, level, asynchronous=False)
         token = _body.set(body)
         try:
-            return self.guard.call(cast(str, tool_call_id), runner, **arguments)
+            with refusing_in_doubt(tool_call_id):
+                return self.guard.call(cast(str, tool_call_id), runner, **arguments)
         finally:
             _body.reset(token)
 
@@ -145,7 +150,8 @@ class GuardedToolCalls:
         runner = self._runner(tool, level, asynchronous=True)
         token = _body.set(body)
         try:
-            return await self.guard.acall(cast(str, tool_call_id), runner, **arguments)
+            with refusing_in_doubt(tool_call_id):
+                return await self.guard.acall(cast(str, tool_call_id), runner, **arguments)
         finally:
             _body.reset(token)
 

@@ -13,7 +13,13 @@
 The record is keyed on ``tool_call["id"]`` and holds ``tool_call["name"]`` and ``tool_call["args"]``.
 A replay gives back the first ToolMessage's content and status under this call's id; a refusal
 becomes an error ToolMessage that tells the model what happened and what to do
-(``on_refusal="raise"`` raises the :class:`~airlock_redis.EffectRefused` instead).
+(``on_refusal="raise"`` raises the :class:`~airlock_redis.EffectRefused` instead). An error of a
+tool that is not reversible that leaves the call in doubt (a ``TimeoutError``, ...: the record is
+``unknown``) is such a refusal on its first attempt already: the model reads that the call may have
+taken effect and must not be issued again. Any other error of the tool (an ordinary one, or a
+reversible tool's) goes on to the framework's error handling. A ToolNode made with
+``handle_tool_errors=True`` turns a tool's error into an error ToolMessage before the guard sees it:
+the guard then stores that message as the call's result, and the model gets the ToolNode's text.
 
 Put it last in ``middleware=[...]`` (innermost), so that retry and error-handling middleware wrap
 it: an exception from the tool then reaches the guard first, and a call in doubt is recorded as such.

@@ -21,7 +21,10 @@ tool_meta_resolver=tool_meta_resolver)``.
 
 A refusal reaches the client as the tool's error result (``isError``) whose text tells the model
 what happened and what to do; a call to a tool that is not reversible without the id in ``_meta``
-is refused with a text that names the key.
+is refused with a text that names the key. So does the first error of a tool that is not reversible
+when it leaves the call in doubt (a ``TimeoutError``, ...: the record is ``unknown``): the text says
+the call may have taken effect and must not be issued again, where the server alone would say
+"Error executing tool <name>". Any other error of the tool is the server's to report, as before.
 """
 
 from __future__ import annotations

@@ -10,9 +10,12 @@ Each returned :class:`agents.FunctionTool` runs its ``on_invoke_tool`` under
 ``ToolContext.tool_call_id``: the record holds the tool's name and the JSON arguments the model
 sent. A replay returns the stored output; a refusal comes back to the model as the tool's output,
 a text that says what happened and what to do (never the SDK's "please try again"). An error of the
-tool itself is recorded first (an ambiguous one leaves the call ``unknown``), then handled as the
-SDK handles tool errors (the tool's ``failure_error_function``). ``needs_approval`` and the other
-settings of each tool are kept.
+tool itself is recorded first. One that leaves a tool that is not reversible in doubt (a
+``TimeoutError``, ...: the call is ``unknown``) is a refusal too, on its first attempt: the model
+reads that the call may have taken effect and must not be issued again, under this id or another.
+Any other error (an ordinary one, which releases the call, or a reversible tool's) is handled as
+the SDK handles tool errors (the tool's ``failure_error_function``). ``needs_approval`` and the
+other settings of each tool are kept.
 """
 
 from __future__ import annotations
