@@ -14,7 +14,7 @@ Public names (``__all__``): what tool authors and operators use, by what they us
   ``EffectOutcomeUnknown``, ``is_ambiguous``, ``explain``.
 - Refusals (catch ``EffectRefused``; each reason has its subclass): ``EffectRefused``,
   ``EffectStatusUnknown``, ``EffectPolicyViolation``, ``ToolCallIdRequired``, ``TargetArgsRequired``,
-  ``ApprovalDenied``, ``StoreUnavailable``, ``ResultNotStored``, ``RecordCorrupt``,
+  ``ApprovalDenied``, ``StoreUnavailable``, ``ResultNotStored``, ``RecordCorrupt``, ``EffectInProgress``,
   ``REFUSAL_REASONS``, ``RefusalReason``.
 - Other errors: ``StoreError``, ``InvalidToolCallId``, ``CanonicalizationError``.
 - Operating: ``Record``, ``Status``, ``TransitionResult`` (what ``guard.resolve`` answers),
@@ -51,6 +51,7 @@ from .core.errors import (
     REFUSAL_REASONS,
     ApprovalDenied,
     CanonicalizationError,
+    EffectInProgress,
     EffectOutcomeUnknown,
     EffectPolicyViolation,
     EffectRefused,
@@ -99,6 +100,7 @@ __all__ = [
     "CallContext",
     "CanonicalizationError",
     "EffectGuard",
+    "EffectInProgress",
     "EffectOutcomeUnknown",
     "EffectPolicyViolation",
     "EffectRefused",

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from .approval import Approver, approval_request, approve, approve_blocking
-from .context import read_running, running_key
+from .context import read_running, refuses_in_doubt, running_key
 from .core.call_machine import (
     Ask,
     Begin,
@@ -24,12 +25,14 @@ from .core.call_machine import (
     Running,
     RunTool,
     Secure,
+    Wait,
     Write,
 )
 from .core.errors import EffectRefused, StoreError
 from .core.records import Settlement, TransitionResult
+from .lease import LeaseKeeper, Ticket
 from .reporting import Reporter
-from .stores.base import DurableEffectStore, EffectStore
+from .stores.base import DurableEffectStore, EffectStore, LeasingEffectStore, WaitingEffectStore
 
 log = logging.getLogger("airlock_redis")
 
@@ -61,20 +64,47 @@ _STEPS = {
     RunTool: "_run",
     Write: "_write",
     Secure: "_secure",
+    Wait: "_wait",
     GiveBack: "_give_back",
     Ask: "_ask",
 }
 
 
 class _Executor:
-    __slots__ = ("_steps", "durable", "report", "store")
+    __slots__ = ("_steps", "durable", "leases", "renew_every", "report", "store", "waits")
 
-    def __init__(self, store: EffectStore, durable: DurableEffectStore | None, report: Reporter) -> None:
+    def __init__(
+        self,
+        store: EffectStore,
+        durable: DurableEffectStore | None,
+        report: Reporter,
+        leases: LeaseKeeper | None = None,
+        renew_every: float = 0.0,
+    ) -> None:
         self.store = store
         self.durable = durable  # set: the tool runs only once enough replicas hold its record
         self.report = report
+        # set (with a lease on the guard): renews each running call's lease every renew_every seconds
+        self.leases = leases
+        self.renew_every = renew_every
+        # the store as one a call can wait in for a running attempt (the guard's wait_for_running
+        # is 0 when it cannot, so the machine never asks then)
+        self.waits = cast(WaitingEffectStore, store)
         # the bound methods, looked up once: the loop dispatches on the operation's type
         self._steps: dict[type, Any] = {op: getattr(self, name) for op, name in _STEPS.items()}
+
+    def _hold(self, machine: CallMachine, op: RunTool) -> None:
+        """Keep the attempt's lease renewed while its tool runs, until its last write is answered."""
+        leases = self.leases
+        if op.lease is not None and leases is not None:
+            machine.ticket = leases.hold(cast(LeasingEffectStore, self.store), op.lease, self.renew_every)
+
+    def _let_go(self, machine: CallMachine) -> None:
+        """The call is over (its last write answered, or the executor was interrupted): stop renewing."""
+        ticket = machine.ticket
+        if ticket is not None and self.leases is not None:
+            machine.ticket = None
+            self.leases.drop(cast(Ticket, ticket))
 
 
 class BlockingExecutor(_Executor):
@@ -87,8 +117,11 @@ class BlockingExecutor(_Executor):
     ) -> Execution[Any]:
         op = machine.start(Running(*read_running()))
         steps = self._steps
-        while (step := steps.get(type(op))) is not None:
-            op = step(machine, op, invoke, approver)
+        try:
+            while (step := steps.get(type(op))) is not None:
+                op = step(machine, op, invoke, approver)
+        finally:
+            self._let_go(machine)
         return conclude(self.report, machine, op)
 
     def _begin(self, machine: CallMachine, op: Begin, invoke: object, approver: object) -> Operation:
@@ -100,6 +133,16 @@ class BlockingExecutor(_Executor):
         except BaseException as exc:  # interrupted while begin ran: it may have landed
             return machine.begin_interrupted(exc)
         return self.report.begun(machine, machine.begun(outcome, self.durable is not None), t_sent)
+
+    def _wait(self, machine: CallMachine, op: Wait, invoke: object, approver: object) -> Operation:
+        started = time.monotonic()
+        try:
+            outcome = self.waits.wait_running(op.request, op.seconds)
+        except StoreError as exc:
+            return self.report.begin_failed(machine.begin_failed(exc), exc)
+        except BaseException as exc:  # interrupted while waiting: the begin after the wait may have landed
+            return machine.begin_interrupted(exc)
+        return self.report.woken(machine, machine.woken(outcome, time.monotonic() - started))
 
     def _secure(self, machine: CallMachine, op: Secure, invoke: object, approver: object) -> Operation:
         assert self.durable is not None
@@ -113,11 +156,12 @@ class BlockingExecutor(_Executor):
         self, machine: CallMachine, op: RunTool, invoke: Callable[[], Any], approver: object
     ) -> Operation:
         machine.t_run = self.report.clock()
+        self._hold(machine, op)
         try:
             with running_key(*op.running):
                 value = invoke()
         except BaseException as error:
-            return machine.raised(error)
+            return machine.raised(error, refuse_in_doubt=refuses_in_doubt(machine.call.raw_tool_call_id))
         return machine.returned(value)
 
     def _write(self, machine: CallMachine, op: Write, invoke: object, approver: object) -> Operation:
@@ -162,8 +206,11 @@ class AsyncExecutor(_Executor):
     ) -> Execution[Any]:
         op = machine.start(Running(*read_running()))
         steps = self._steps
-        while (step := steps.get(type(op))) is not None:
-            op = await step(machine, op, invoke, approver)
+        try:
+            while (step := steps.get(type(op))) is not None:
+                op = await step(machine, op, invoke, approver)
+        finally:
+            self._let_go(machine)
         return conclude(self.report, machine, op)
 
     async def _begin(self, machine: CallMachine, op: Begin, invoke: object, approver: object) -> Operation:
@@ -175,6 +222,16 @@ class AsyncExecutor(_Executor):
         except BaseException as exc:  # cancelled (or interrupted) while begin ran: it may have landed
             return machine.begin_interrupted(exc)
         return self.report.begun(machine, machine.begun(outcome, self.durable is not None), t_sent)
+
+    async def _wait(self, machine: CallMachine, op: Wait, invoke: object, approver: object) -> Operation:
+        started = time.monotonic()
+        try:
+            outcome = await self.waits.await_running(op.request, op.seconds)
+        except StoreError as exc:
+            return self.report.begin_failed(machine.begin_failed(exc), exc)
+        except BaseException as exc:  # cancelled while waiting: the begin after the wait may have landed
+            return machine.begin_interrupted(exc)
+        return self.report.woken(machine, machine.woken(outcome, time.monotonic() - started))
 
     async def _secure(self, machine: CallMachine, op: Secure, invoke: object, approver: object) -> Operation:
         assert self.durable is not None
@@ -188,11 +245,12 @@ class AsyncExecutor(_Executor):
         self, machine: CallMachine, op: RunTool, invoke: Callable[[], Awaitable[Any]], approver: object
     ) -> Operation:
         machine.t_run = self.report.clock()
+        self._hold(machine, op)
         try:
             with running_key(*op.running):
                 value = await invoke()
         except BaseException as error:
-            return machine.raised(error)
+            return machine.raised(error, refuse_in_doubt=refuses_in_doubt(machine.call.raw_tool_call_id))
         return machine.returned(value)
 
     async def _write(self, machine: CallMachine, op: Write, invoke: object, approver: object) -> Operation:

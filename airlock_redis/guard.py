@@ -30,6 +30,7 @@ from .core.signing import Signer, SigningKeys
 from .core.stepping import Plan, adrive, drive
 from .core.verdicts import Fence, fence_on_current, parse_verdict, resolve_fence
 from .executors import AsyncExecutor, BlockingExecutor
+from .lease import DEFAULT_LEASE, KEEPER, lease_settings, wait_setting
 from .observability import GuardObserver
 from .reporting import Reporter
 from .stores.base import DurableEffectStore, EffectStore, RemoteEffectStore
@@ -79,6 +80,9 @@ class EffectGuard:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         signing_key: SigningKeys | None = None,
         observer: GuardObserver | None = None,
+        lease: float | None = DEFAULT_LEASE,
+        renew_every: float | None = None,
+        wait_for_running: float = 5.0,
     ) -> None:
         if isinstance(target_args, str):
             target_args = (target_args,)
@@ -110,9 +114,21 @@ class EffectGuard:
         # how an operator reaches this store from the command line (None: it lives in this process)
         self._target: str | None = store_.operator_target if isinstance(store_, RemoteEffectStore) else None
         self._report = Reporter(observer)
-        self._rules = CallRules(self.options, ambiguity, max_result_bytes, self._signer, self._target)
-        self._blocking = BlockingExecutor(store_, self._durable, self._report)
-        self._async = AsyncExecutor(store_, self._durable, self._report)
+        self.lease, self.renew_every = lease_settings(store_, lease, renew_every)
+        lease_ms = None if self.lease is None else round(self.lease * 1000)
+        self.wait_for_running = wait_setting(store_, wait_for_running)
+        self._rules = CallRules(
+            self.options,
+            ambiguity,
+            max_result_bytes,
+            self._signer,
+            self._target,
+            lease_ms,
+            self.wait_for_running,
+        )
+        keeper = KEEPER if lease is not None else None
+        self._blocking = BlockingExecutor(store_, self._durable, self._report, keeper, self.renew_every)
+        self._async = AsyncExecutor(store_, self._durable, self._report, keeper, self.renew_every)
         # what call()/acall() wrapped, so a function is wrapped (and its signature read) once
         self._wrappers: weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Any]] = (
             weakref.WeakKeyDictionary()

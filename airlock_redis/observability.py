@@ -31,7 +31,9 @@ from typing import Any, Literal, Protocol
 
 from ._version import __version__
 
-EventName = Literal["started", "committed", "replayed", "refused", "unknown", "released", "resolved"]
+EventName = Literal[
+    "started", "committed", "replayed", "refused", "unknown", "released", "resolved", "waited"
+]
 EVENT_LOGGER = "airlock_redis.events"
 
 
@@ -68,6 +70,7 @@ class _Instruments:
                 ("refused", "calls refused, by reason"),
                 ("unknown", "calls recorded unknown (effect in doubt)"),
                 ("released", "calls released after an error (may run again)"),
+                ("waited", "calls that waited for a running attempt of their id, then went on"),
             )
         }
         self.counters["resolved"] = meter.create_counter(

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from .core.call_machine import CallMachine, Commit, Finish, Operation, Refuse, Write
+from .core.call_machine import CallMachine, Commit, Finish, Operation, Refuse, Wait, Write
 from .core.errors import CorruptRecordError, StoreError
 from .core.records import BeginRequest, Settlement, Status, TransitionResult
 from .observability import GuardObserver
@@ -45,8 +45,23 @@ class Reporter:
         observer.store_operation("begin", time.perf_counter() - t_sent, None)
         if type(op) is Finish:
             observer.call_event("replayed", request.tool, request.tool_call_id, attempt=op.execution.attempt)
-        elif type(op) is not Refuse:
+        elif type(op) is not Refuse and type(op) is not Wait:
             observer.call_event("started", request.tool, request.tool_call_id, attempt=machine.attempt)
+        return op
+
+    def woken(self, machine: CallMachine, op: Operation) -> Operation:
+        """A call that waited for a running attempt began again; ``op`` is what it does next."""
+        observer = self.observer
+        if observer is not None and type(op) is not Wait:
+            request = machine.request
+            assert request is not None
+            observer.call_event("waited", request.tool, request.tool_call_id, attempt=machine.attempt)
+            if type(op) is Finish:
+                observer.call_event(
+                    "replayed", request.tool, request.tool_call_id, attempt=op.execution.attempt
+                )
+            elif type(op) is not Refuse:
+                observer.call_event("started", request.tool, request.tool_call_id, attempt=machine.attempt)
         return op
 
     def begin_failed(self, op: Operation, error: StoreError) -> Operation:

@@ -3,10 +3,17 @@
 -- ARGV[1]  idempotency key of this call (packed)  ARGV[2]  tool name
 -- ARGV[3]  owner token of this attempt (packed)   ARGV[4]  "1" when the tool is reversible, else "0"
 -- ARGV[5]  pending TTL in ms                      ARGV[6]  now, ms since the epoch
+-- ARGV[7]  the lease of this attempt in ms ("" or absent: none; see common.lua, layout b)
 -- Returns {outcome, attempt, value, mac, tool, key}; value, mac, tool and key only where noted:
 --   {"started", n}                   this attempt owns the record (new, re-sent, or a reversible take-over)
 --   {"committed", n, value, mac}     an earlier attempt committed; value is absent when it was not storable
---   {"pending", n} / {"unknown", n}  an earlier attempt is in doubt and the tool is not reversible
+--   {"running", n, lease, since}     an earlier attempt holds the record under a lease it renewed `since`
+--                                    ms ago (server clock): it runs; whatever the tool, it does not run
+--                                    a second time beside it
+--   {"abandoned", n, lease, since}   an earlier attempt's lease lapsed (gone or hung): in doubt, and the
+--                                    tool is not reversible (a reversible one takes the record over)
+--   {"pending", n} / {"unknown", n}  an earlier attempt is in doubt (pending: no lease to tell whether
+--                                    it runs) and the tool is not reversible
 --   {"mismatch", n, false, false, tool, key}  the id belongs to another tool or other arguments
 --   {"corrupt", n, false, false, why}  the key holds no well-formed record (another Redis type, or a
 --                                    string that does not parse): nothing is changed and the caller
@@ -22,11 +29,18 @@ local record = KEYS[1]
 local key, tool, token, reversible = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local pending_ttl = ttl_arg(ARGV[5])
 local now = digits_arg(ARGV[6], 15)
+local lease = ARGV[7]
+if lease == '' then
+  lease = nil
+elseif lease then
+  ttl_arg(lease)
+end
 
 -- Write this attempt's pending record over what the key holds: `before`, the record there (nil for none).
 -- Its released list stays, and so do a value, mac and commit time an operator's verdict left on it.
 local function start(attempt, before)
-  local r = {status = 'pending', key = key, tool = tool, owner = token, attempt = attempt, begun = now}
+  local r = {status = 'pending', key = key, tool = tool, owner = token, attempt = attempt, begun = now,
+    lease = lease}
   if before then
     r.released, r.stored, r.value, r.mac, r.committed = before.released, before.stored, value_of(before),
       before.mac, before.committed
@@ -66,10 +80,17 @@ if r.status == 'committed' then
   return {'committed', attempt}
 end
 if r.status == 'pending' and r.owner == token then
-  redis.call('PEXPIRE', record, pending_ttl)  -- the write a WAIT after this re-send waits for
+  redis.call('PEXPIRE', record, r.ttl or pending_ttl)  -- the write a WAIT after this re-send waits for
   return {'started', attempt}
+end
+local live, since = liveness(record, r)
+if live == 'live' then
+  return {'running', attempt, tonumber(r.lease), since}
 end
 if reversible then
   return start(attempt + 1, r)
+end
+if live == 'lapsed' then
+  return {'abandoned', attempt, tonumber(r.lease), since}
 end
 return {r.status, attempt}

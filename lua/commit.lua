@@ -38,5 +38,6 @@ if not r or r.owner ~= token then
 end
 if r.status ~= 'committed' then
   write_committed(r)
+  wake(r, 'committed')  -- the calls waiting for this attempt (common.lua)
 end
 return 'ok'

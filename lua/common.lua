@@ -8,7 +8,17 @@
 -- attempt, the two timestamps (ms since the epoch, empty when unknown) and the lengths are decimal;
 -- stored is 1 when a committed value is kept. The byte fields follow in that order, the stored value
 -- runs to the end. owner and key arrive packed by the Python side (raw bytes for the usual hex
--- tokens and keys), so the scripts only compare bytes. Only string.find and string.sub read it: no
+-- tokens and keys), so the scripts only compare bytes.
+--
+-- A pending record held under a lease is written in layout "b", whose header has three more numbers
+-- after stored:
+--   b<status>,<attempt>,<begun>,<committed>,<stored>,<lease>,<ttl>,<waited>,<#owner>,<#key>,<#tool>,<#mac>,
+--   <#released>;
+-- lease: the ms its owner renews the record within; ttl: the PX it was last written with; waited: 1
+-- once a call waits for this attempt to end (wait.lua), so that its end publishes (`wake`). The
+-- record's own expiry is the lease: ms since the last renewal is ttl - PTTL, by the server's clock
+-- (see `liveness`). Every other record (and a pending one without a lease) is written in layout "a",
+-- so a release that reads only "a" refuses a leased pending record as newer and reads everything else. Only string.find and string.sub read it: no
 -- cmsgpack, struct or bit, which fakeredis' Lua lacks. `parse` is the one reader and `write` the one
 -- writer; `commit_in_place` is the commit's shortcut for the common case (see there).
 --
@@ -28,7 +38,8 @@ local STATUS_OF = {p = 'pending', c = 'committed', u = 'unknown', r = RELEASED}
 local CODE_OF = {pending = 'p', committed = 'c', unknown = 'u', [RELEASED] = 'r'}
 local VERSION = 'a'
 local HEADER = '^' .. VERSION .. '(.),(%d+),(%d*),(%d*),([01]),(%d+),(%d+),(%d+),(%d+),(%d+);'
-local OTHER_VERSION = '^([b-z])[a-z][0-9a-z,]*;'
+local LEASED_HEADER = '^b(.),(%d+),(%d*),(%d*),([01]),(%d+),(%d+),([01]),(%d+),(%d+),(%d+),(%d+),(%d+);'
+local OTHER_VERSION = '^([c-z])[a-z][0-9a-z,]*;'
 local NOT_A_STRING = 'the key holds another Redis type, not a string: not a record'
 local MAX_TTL_MS = 315360000000  -- ten years; no script writes a record it cannot expire
 
@@ -83,6 +94,14 @@ end
 -- layout, its version letter.
 local function parse(raw)
   local _, stop, code, attempt, begun, committed, stored, lo, lk, lt, lm, lr = string.find(raw, HEADER)
+  local lease, ttl, waited
+  if not stop and string.byte(raw, 1) == 98 then  -- "b": a pending record under a lease
+    _, stop, code, attempt, begun, committed, stored, lease, ttl, waited, lo, lk, lt, lm, lr =
+      string.find(raw, LEASED_HEADER)
+    if stop and (code ~= 'p' or #lease > 15 or #ttl > 15) then
+      return nil, 'the record has a malformed lease'
+    end
+  end
   if not stop then
     local version = string.match(raw, OTHER_VERSION)
     if version then
@@ -119,8 +138,28 @@ local function parse(raw)
     status = STATUS_OF[code], attempt = tonumber(attempt), begun = begun, committed = committed,
     stored = stored, owner = string.sub(raw, stop + 1, k - 1), key = string.sub(raw, k, t - 1),
     tool = string.sub(raw, t, m - 1), mac = string.sub(raw, m, l - 1),
-    released = released, raw = raw, value_at = v,
+    released = released, raw = raw, value_at = v, lease = lease, ttl = ttl, waited = waited,
   }
+end
+
+-- Is the pending record `r` (parsed from the key `record`) held by a live attempt? 'live' while its
+-- owner renewed it within its lease, 'lapsed' after; nil when it cannot be told: no lease (layout a),
+-- or a TTL changed by hand (PERSIST, EXPIRE), which is treated as a record without a lease. Also
+-- answers the ms since the last renewal. The server's clock only: PTTL against the TTL it was written with.
+local function liveness(record, r)
+  if r.status ~= 'pending' or not r.lease then
+    return nil
+  end
+  local pttl = redis.call('PTTL', record)
+  local ttl = tonumber(r.ttl)
+  if pttl < 0 or pttl > ttl then
+    return nil
+  end
+  local since = ttl - pttl
+  if since <= tonumber(r.lease) then
+    return 'live', since
+  end
+  return 'lapsed', since
 end
 
 -- The stored value of a parsed record (read only when a reply needs it).
@@ -152,14 +191,19 @@ end
 
 -- Write the record `r` (a table with the fields parse gives; an absent field is empty, an absent
 -- attempt 0, an absent stored "0") over the key, with its TTL, in one command. The one writer.
-local function write(record, r, ttl)
+-- `px` (a leased record only): expire in px ms, not ttl, so that its lease runs on as it was.
+local function write(record, r, ttl, px)
   local owner, key, tool = r.owner or '', r.key or '', r.tool or ''
   local mac, released = r.mac or '', r.released or ''
+  local version, lease = VERSION, ''
+  if r.status == 'pending' and r.lease then  -- layout b: the lease, the TTL, whether anyone waits
+    version, lease = 'b', r.lease .. ',' .. ttl .. ',' .. (r.waited or '0') .. ','
+  end
   set_px(record, table.concat({
-    VERSION, CODE_OF[r.status], ',', r.attempt or 0, ',', r.begun or '', ',', r.committed or '', ',',
-    r.stored or '0', ',', #owner, ',', #key, ',', #tool, ',', #mac, ',', #released, ';',
+    version, CODE_OF[r.status], ',', r.attempt or 0, ',', r.begun or '', ',', r.committed or '', ',',
+    r.stored or '0', ',', lease, #owner, ',', #key, ',', #tool, ',', #mac, ',', #released, ';',
     owner, key, tool, mac, released, value_of(r),
-  }), ttl)
+  }), px or ttl)
 end
 
 -- The commit's shortcut: a pending record with no MAC, no released list and no value (what a begin
@@ -169,9 +213,15 @@ end
 -- record. What it buys: about 14 us of server time per commit against 17-20 us through parse and
 -- write (Redis 7.0.15, EVALSHA, commandstats, medians of 8 alternating rounds of 10,000 commits, two
 -- runs; docs/performance.md).
+-- A pending record under a lease (layout b) is rewritten the same way: the committed record is
+-- layout a, without the lease.
 local PLAIN_PENDING = '^' .. VERSION .. 'p,(%d+),(%d*),,0,(%d+),(%d+),(%d+),0,0;'
+local PLAIN_LEASED = '^bp,(%d+),(%d*),,0,%d+,%d+,0,(%d+),(%d+),(%d+),0,0;'
 local function commit_in_place(record, raw, token, stored, value, mac, now, ttl)
   local _, stop, attempt, begun, lo, lk, lt = string.find(raw, PLAIN_PENDING)
+  if not stop then
+    _, stop, attempt, begun, lo, lk, lt = string.find(raw, PLAIN_LEASED)
+  end
   if not stop or #attempt > 9 or #begun > 15 or #lo > 9 or #lk > 9 or #lt > 9 then
     return false
   end
@@ -184,6 +234,18 @@ local function commit_in_place(record, raw, token, stored, value, mac, now, ttl)
     string.sub(raw, stop + 1), mac, value,
   }), ttl)
   return true
+end
+
+-- Wake the calls that wait for the running attempt of `r`, the record as it was before this
+-- transition ended or handed it over: when one waits (wait.lua set its `waited` flag), publish the new
+-- status on the channel named as the record's key (a channel, not a key: no second key, so no
+-- cross-key rule of a Cluster's migrating slot applies). Nobody waiting: nothing is sent. PUBLISH through
+-- pcall: a user whose ACL lacks the channel (Redis 7's default) must not turn a write that happened into
+-- an error; its waiters then look again when their wait or the lease runs out.
+local function wake(r, status)
+  if r and r.waited == '1' then
+    redis.pcall('PUBLISH', KEYS[1], status)
+  end
 end
 
 -- Replace the record by a tombstone of `token`, keeping the tokens released before.

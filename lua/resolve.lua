@@ -46,6 +46,7 @@ if (expect_status ~= '' and r.status ~= expect_status) or (expect_owner ~= '' an
 end
 if verdict == 'release' then
   bury(record, r.released, operator, ttl)
+  wake(r, RELEASED)  -- the calls waiting for the attempt it fences off (common.lua)
   return 'ok'
 end
 r.owner, r.key, r.attempt = operator, r.key or '', r.attempt or 0
@@ -56,4 +57,5 @@ else
   r.status = 'unknown'
 end
 write(record, r, ttl)
+wake(r, r.status)
 return 'ok'

@@ -36,9 +36,11 @@ end
 if r.status == 'pending' then
   if settlement == 'release' then
     bury(record, r.released, token, tombstone_ttl)
+    wake(r, RELEASED)  -- the calls waiting for this attempt (common.lua)
   else
     r.status = 'unknown'
     write(record, r, unknown_ttl)
+    wake(r, 'unknown')
   end
 end
 return 'ok'

@@ -94,6 +94,11 @@ _NONCE: contextvars.ContextVar[str] = contextvars.ContextVar("fault_run_nonce", 
 
 
 # -- a store that writes down each step it takes ---------------------------------------------------
+# Leases short enough to lapse within a run (a failover, a paused server), so that abandoned records
+# and waits for running attempts happen, and a wait short enough not to stall a worker for long.
+GUARD_OPTIONS: dict[str, Any] = {"lease": 1.0, "renew_every": 0.25, "wait_for_running": 0.5}
+
+
 class RecordingStore(RedisEffectStore):
     """A RedisEffectStore that notes every begin, durability check, commit and settle of the current
     call (``steps``: the checker's ``store`` events), through the store's public operations only."""
@@ -245,7 +250,7 @@ class Workload:
         return waits[zlib.crc32(tool_call_id.encode()) % len(waits)]
 
     def _tools(self, store: RecordingStore) -> dict[tuple[str, str], Callable[..., Any]]:
-        guard = EffectGuard(store=store)
+        guard = EffectGuard(store=store, **GUARD_OPTIONS)
         made: dict[tuple[str, str], Callable[..., Any]] = {}
         for name, tag in TAGS.items():
             sync_body, async_body = self._bodies(name)

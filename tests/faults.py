@@ -451,7 +451,9 @@ class Tools:
     ) -> None:
         self.store = store
         self.history = history
-        self.guard = EffectGuard(store=store)
+        # the default lease, without waiting: a retry that finds an attempt's record still leased
+        # (its commit never got through) is refused effect_in_progress at once
+        self.guard = EffectGuard(store=store, wait_for_running=0)
         self.sync: dict[str, Callable[..., Any]] = {}
         self.asynchronous: dict[str, Callable[..., Any]] = {}
         tags: dict[str, ReversibilityName] = {

@@ -39,10 +39,11 @@ The rules (docs/faults.md, "The checker"):
    failed to reach the server (a connection refused, cut or timed out: docs/faults.md documents that
    the record then stays). An attempt that sent no release, or whose release the server refused
    (OOM, NOSCRIPT, ...), or was answered yet left the record, is a violation.
-4. ``unjustified_refusal``: a refusal the history does not explain: ``effect_status_unknown`` while no
-   other attempt of the id could hold a pending or unknown record (every earlier one was released, or
-   the record was committed), or a ``policy_violation`` / ``result_not_stored`` / ``record_corrupt`` (the
-   workload never gives one id other arguments nor an unstorable result). Conservative and counted apart
+4. ``unjustified_refusal``: a refusal the history does not explain: ``effect_status_unknown`` (or
+   ``effect_in_progress``, under a lease) while no other attempt of the id could hold a pending or
+   unknown record (every earlier one was released, or the record was committed), or a
+   ``policy_violation`` / ``result_not_stored`` / ``record_corrupt`` (the workload never gives one id
+   other arguments nor an unstorable result). Conservative and counted apart
    when a fault that loses writes fell between the commit or release and the refusal.
 """
 
@@ -62,6 +63,8 @@ _DOUBT_FOREVER = float("inf")
 _CONFIRMED = ("ok", "recreated")
 _RELEASED = ("ok", "missing", "superseded")  # superseded: another attempt's record, not this one's
 _ALWAYS_WRONG = ("refused:policy_violation", "refused:result_not_stored", "refused:record_corrupt")
+# refusals that need another attempt holding the record: in doubt (or abandoned), or running (a lease)
+_IN_DOUBT_OR_RUNNING = ("refused:effect_status_unknown", "refused:effect_in_progress")
 
 
 @dataclass(frozen=True)
@@ -447,7 +450,7 @@ def _unjustified_refusals(history: _History, tool_call_id: str, attempts: list[A
                 Violation("unjustified_refusal", tool_call_id, f"call w{r.key[0]}#{r.key[1]}: {result}")
             )
             continue
-        if result != "refused:effect_status_unknown":
+        if result not in _IN_DOUBT_OR_RUNNING:
             continue
         holders = [
             a
@@ -467,7 +470,7 @@ def _unjustified_refusals(history: _History, tool_call_id: str, attempts: list[A
             f"w{a.key[0]}#{a.key[1]} {a.call['result']} ({_release_story(a)})" for a in earlier
         )
         stories = stories or "none took the record"
-        what = f"call {_who(r)} refused effect_status_unknown; earlier: {stories}"
+        what = f"call {_who(r)} {result}; earlier: {stories}"
         excuse = _excuse(fault, "conservative: a commit or release no replica held died with its primary")
         out.append(Violation("unjustified_refusal", tool_call_id, what, excuse))
     return out

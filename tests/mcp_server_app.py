@@ -24,7 +24,9 @@ NAMESPACE = os.environ["AIRLOCK_MCP_TEST_NAMESPACE"]
 
 # generous timeouts: the tests run on busy machines, and a store that times out refuses (fail closed)
 counter = redis.Redis.from_url(URL, socket_timeout=120)
-guard = EffectGuard(RedisEffectStore(URL, namespace=NAMESPACE, socket_timeout=30))
+# a retry that finds the first attempt still running waits for it less long than the tests' client
+# waits for an answer (0.5 s), so that it answers "still running" before the client gives up
+guard = EffectGuard(RedisEffectStore(URL, namespace=NAMESPACE, socket_timeout=30), wait_for_running=0.2)
 server = MCPServer("airlock-mcp-test")
 
 

@@ -24,12 +24,26 @@ pytestmark = [pytest.mark.redis_server, pytest.mark.slow]
 @dataclass(frozen=True)
 class Tally:
     returned: int  # got the value: the one execution, or a replay of it
-    refused: int  # effect_status_unknown: arrived while the execution was in flight
+    refused: int  # effect_status_unknown: arrived while the execution was in flight (no lease)
     other: tuple[str, ...]  # anything else (must stay empty)
     values: tuple[str, ...]  # the distinct values returned
+    waited: int = 0  # calls that waited for the running execution, then went on
 
 
-async def race(url: str, namespace: str, tool_call_id: str, coroutines: int) -> Tally:
+class CountsWaits:
+    """An observer that counts the calls that waited for a running attempt."""
+
+    def __init__(self) -> None:
+        self.waited = 0
+
+    def call_event(self, event: str, tool: str, tool_call_id: str | None, **fields: Any) -> None:
+        self.waited += event == "waited"
+
+    def store_operation(self, operation: str, duration_s: float | None, error: BaseException | None) -> None:
+        pass
+
+
+async def race(url: str, namespace: str, tool_call_id: str, coroutines: int, **options: Any) -> Tally:
     """Run ``coroutines`` guarded calls of one tool under one id at once; the tool counts its runs in
     Redis (so runs in every process are counted together)."""
     store = RedisEffectStore(url, namespace=namespace)
@@ -41,7 +55,8 @@ async def race(url: str, namespace: str, tool_call_id: str, coroutines: int) -> 
         await asyncio.sleep(0.02)  # keep the effect in flight while the others arrive
         return f"moved {cents} by {me}"
 
-    tool = EffectGuard(store).wrap(transfer)
+    observer = CountsWaits()
+    tool = EffectGuard(store, observer=observer, **options).wrap(transfer)
     start = asyncio.Event()
 
     async def one() -> Any:
@@ -64,6 +79,7 @@ async def race(url: str, namespace: str, tool_call_id: str, coroutines: int) -> 
         refused=outcomes["refused"],
         other=tuple(repr(r) for r in results if not isinstance(r, (str, EffectStatusUnknown))),
         values=tuple(sorted({r for r in results if isinstance(r, str)})),
+        waited=observer.waited,
     )
 
 
@@ -75,9 +91,16 @@ async def executions(url: str, namespace: str) -> int:
         await client.aclose()
 
 
-def test_a_thousand_coroutines_with_one_id_execute_once(redis_server: EmbeddedRedis, namespace: str) -> None:
+@pytest.mark.parametrize("leased", [True, False], ids=["waits", "no-lease"])
+def test_a_thousand_coroutines_with_one_id_execute_once(
+    redis_server: EmbeddedRedis, namespace: str, leased: bool
+) -> None:
+    """With the default lease the duplicates that arrive while the execution runs wait for it and
+    replay its value; without a lease (the spec's table) they are refused as in doubt."""
+    options: dict[str, Any] = {} if leased else {"lease": None, "wait_for_running": 0}
+
     async def main() -> tuple[Tally, int]:
-        tally = await race(redis_server.url, namespace, "race-1", 1000)
+        tally = await race(redis_server.url, namespace, "race-1", 1000, **options)
         return tally, await executions(redis_server.url, namespace)
 
     tally, ran = asyncio.run(main())
@@ -85,7 +108,10 @@ def test_a_thousand_coroutines_with_one_id_execute_once(redis_server: EmbeddedRe
     assert tally.other == ()
     assert tally.returned + tally.refused == 1000
     assert tally.returned >= 1 and len(tally.values) == 1  # every value seen is the one execution's
-    assert tally.refused >= 1  # the in-flight window was hit: the race was real
+    if leased:  # the in-flight window was hit (the race was real), and every call got the value
+        assert tally.waited >= 1 and tally.returned == 1000
+    else:
+        assert tally.refused >= 1
     record = RedisEffectStore(redis_server.url, namespace=namespace).get("race-1")
     assert record is not None and record.status is Status.COMMITTED and record.attempt == 1
 

@@ -30,11 +30,13 @@ from airlock_redis.core.call_machine import (
     RunTool,
     Secure,
     State,
+    Wait,
     Write,
 )
 from airlock_redis.core.codec import encode_result
 from airlock_redis.core.errors import (
     CorruptRecordError,
+    EffectInProgress,
     EffectOutcomeUnknown,
     EffectPolicyViolation,
     EffectStatusUnknown,
@@ -56,7 +58,20 @@ STARTED = BeginOutcome(BeginKind.STARTED, 1)
 
 def _rules(**options: Any) -> CallRules:
     signer = options.pop("signer", None)
-    return CallRules(GuardOptions(**options), AmbiguityRule.of(DEFAULT_AMBIGUOUS_ERRORS), 1 << 20, signer, "")
+    lease_ms, wait = options.pop("lease_ms", None), options.pop("wait_for_running", 0.0)
+    return CallRules(
+        GuardOptions(**options),
+        AmbiguityRule.of(DEFAULT_AMBIGUOUS_ERRORS),
+        1 << 20,
+        signer,
+        "",
+        lease_ms,
+        wait,
+    )
+
+
+RUNNING_ELSEWHERE = BeginOutcome(BeginKind.RUNNING, 1, lease_ms=60_000, since_renewal_ms=10)
+WAITS = {"lease_ms": 60_000, "wait_for_running": 5.0}
 
 
 def _call(
@@ -118,6 +133,45 @@ def test_an_irreversible_call_nested_in_a_reversible_body_of_its_id_is_refused()
     machine = _machine(tool_call_id="call_1")
     op = machine.start(Running("k" * 64, "call_1", True))
     assert isinstance(op, Refuse) and isinstance(op.refusal, EffectPolicyViolation)
+
+
+def test_a_running_attempt_is_waited_for_then_decided_on_what_begin_finds_then() -> None:
+    machine, begin = _begun(_rules(**WAITS))
+    assert begin.request.lease_ms == 60_000
+    op = machine.begun(RUNNING_ELSEWHERE, durable=False)
+    assert op == Wait(begin.request, 5.0) and machine.state is State.WAITING
+    # still running after 2 s: wait on, for what is left
+    op = machine.woken(RUNNING_ELSEWHERE, 2.0)
+    assert op == Wait(begin.request, 3.0) and _state(machine) is State.WAITING
+    # it committed: replayed
+    done = machine.woken(BeginOutcome(BeginKind.COMMITTED, 1, value=encode_result({"ok": 1})), 0.5)
+    assert (
+        isinstance(done, Finish) and done.execution.effect == "replayed" and done.execution.value == {"ok": 1}
+    )
+    assert _state(machine) is State.DONE
+
+
+def test_a_wait_that_runs_out_is_refused_in_progress() -> None:
+    machine, _ = _begun(_rules(**WAITS))
+    machine.begun(RUNNING_ELSEWHERE, durable=False)
+    op = machine.woken(RUNNING_ELSEWHERE, 5.0)
+    assert isinstance(op, Refuse) and isinstance(op.refusal, EffectInProgress)
+    assert "still running" in op.refusal.message and "resolve" not in op.refusal.fix_hint
+
+
+def test_without_a_wait_a_running_attempt_is_refused_at_once() -> None:
+    machine, _ = _begun(_rules(lease_ms=60_000))
+    op = machine.begun(RUNNING_ELSEWHERE, durable=False)
+    assert isinstance(op, Refuse) and isinstance(op.refusal, EffectInProgress)
+
+
+def test_a_lease_rides_on_the_run_operation() -> None:
+    machine, begin = _begun(_rules(lease_ms=1_500))
+    op = machine.begun(STARTED, durable=False)
+    assert isinstance(op, RunTool) and op.lease == begin.request
+    plain, _ = _begun()
+    op = plain.begun(STARTED, durable=False)
+    assert isinstance(op, RunTool) and op.lease is None
 
 
 def test_a_bare_call_that_raises_reraises_without_a_write() -> None:
@@ -334,7 +388,24 @@ def _walk_every_path() -> set[tuple[State, Event, State]]:
             step(m, Event.GIVEN_BACK, m.given_back)
     m, _ = _begun()
     step(m, Event.BEGIN_INTERRUPTED, m.begin_interrupted, KeyboardInterrupt())
+    _walk_the_waits(step)
     return seen
+
+
+def _walk_the_waits(step: Any) -> None:
+    # waiting for a running attempt: woken into each end, or failed while waiting
+    for durable, after in ((False, STARTED), (True, STARTED), (False, RUNNING_ELSEWHERE)):
+        m, _ = _begun(_rules(**WAITS))
+        step(m, Event.BEGUN, m.begun, RUNNING_ELSEWHERE, durable)
+        step(m, Event.WOKEN, m.woken, RUNNING_ELSEWHERE, 1.0)
+        step(m, Event.WOKEN, m.woken, after, 10.0)
+    for applied in (True, False):
+        m, _ = _begun(_rules(**WAITS))
+        step(m, Event.BEGUN, m.begun, RUNNING_ELSEWHERE, False)
+        step(m, Event.BEGIN_FAILED, m.begin_failed, StoreError("x", maybe_applied=applied))
+    m, _ = _begun(_rules(**WAITS))
+    step(m, Event.BEGUN, m.begun, RUNNING_ELSEWHERE, False)
+    step(m, Event.BEGIN_INTERRUPTED, m.begin_interrupted, KeyboardInterrupt())
 
 
 def test_every_transition_of_the_table_is_taken_and_no_other() -> None:

@@ -20,8 +20,8 @@ import pytest
 
 from airlock_redis import (
     EffectGuard,
+    EffectInProgress,
     EffectRefused,
-    EffectStatusUnknown,
     RedisEffectStore,
     Status,
     StoreUnavailable,
@@ -144,7 +144,9 @@ def test_redis_killed_during_the_tool_the_caller_gets_its_value_and_the_retry_is
         url = servers[0].url
         store = RedisEffectStore(url, namespace="failclosed", socket_timeout=1.0, socket_connect_timeout=1.0)
         runs: list[int] = []
-        charge = charge_tool(EffectGuard(store=store), kind, runs, during=servers[0].kill)
+        # no wait: the record's lease still runs after the restart (nothing can end it), so a retry
+        # finds it running, and is refused at once rather than after waiting for an end that never comes
+        charge = charge_tool(EffectGuard(store=store, wait_for_running=0), kind, runs, during=servers[0].kill)
         with caplog.at_level(logging.ERROR, logger="airlock_redis"), tool_call_context("call-killed"):
             value = charge("acct_1", 500)
         assert value == {"charged": 500, "account": "acct_1"}
@@ -159,11 +161,12 @@ def test_redis_killed_during_the_tool_the_caller_gets_its_value_and_the_retry_is
         assert record is not None, "the pending record did not survive the restart"
         assert (record.status, record.attempt) == (Status.PENDING, 1)
 
-        retry = charge_tool(EffectGuard(store=fresh), kind, runs)
-        with tool_call_context("call-killed"), pytest.raises(EffectStatusUnknown) as refused:
+        assert record.liveness == "running"  # until its lease lapses: the attempt cannot be told from one
+        retry = charge_tool(EffectGuard(store=fresh, wait_for_running=0), kind, runs)
+        with tool_call_context("call-killed"), pytest.raises(EffectInProgress) as refused:
             retry("acct_1", 500)
-        assert refused.value.reason == "effect_status_unknown"
-        with tool_call_context("call-killed"), pytest.raises(EffectStatusUnknown):
+        assert refused.value.reason == "effect_in_progress"
+        with tool_call_context("call-killed"), pytest.raises(EffectInProgress):
             charge("acct_1", 500)  # the first store object reconnects, and refuses as well
         assert runs == [500]
         record = fresh.get("call-killed")

@@ -41,7 +41,7 @@ from .topologies import ClusterTopology, RedisProcess, SentinelTopology, redis_b
 pytestmark = pytest.mark.redis_server
 
 K = 6  # calls per store kind (half sync, half async) in flight when the primary dies
-ONCE = ("replayed", "refused:effect_status_unknown")
+ONCE = ("replayed", "refused:effect_status_unknown", "refused:effect_in_progress")
 TIMEOUTS: dict[str, Any] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 
 

@@ -161,9 +161,10 @@ def test_commit_that_never_gets_through_returns_the_value_and_never_runs_twice(
         assert record.status is Status.COMMITTED
         assert (retry_proxied.result, retry_direct.result) == ("replayed", "replayed")
     else:
-        # no commit reached the server: the record stays pending and the retries are refused
-        assert record.status is Status.PENDING
-        assert {retry_proxied.result, retry_direct.result} == {"refused:effect_status_unknown"}
+        # no commit reached the server: the record stays pending and the retries are refused; its
+        # lease, which nobody renews any more, still runs (60 s), so they are told it is in progress
+        assert record.status is Status.PENDING and record.liveness == "running"
+        assert {retry_proxied.result, retry_direct.result} == {"refused:effect_in_progress"}
     assert history.runs[tool_call_id] == 1
 
 

@@ -1,7 +1,8 @@
 """The MCP integration across a real stdio server process (tests/mcp_server_app.py) on a real redis-server.
 
 The client sends the tool call id in ``_meta``; the server's tools count their runs in Redis, so each
-test checks how often a body ran, not only what the client saw.
+test checks how often a body ran, not only what the client saw. The tests of a tool's first error in
+doubt run an in-process server (``Client(server)``) whose records are on the same redis-server.
 """
 
 from __future__ import annotations
@@ -18,14 +19,21 @@ from typing import Any, cast
 import anyio
 import pytest
 import redis
-from mcp.client import ClientSession
+from mcp.client import Client, ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, RequestParamsMeta, TextContent
 from mcp_types.jsonrpc import REQUEST_TIMEOUT
 
-from airlock_redis import EffectGuard, EffectStatusUnknown, RedisEffectStore, Status
+from airlock_redis import (
+    EffectGuard,
+    EffectInProgress,
+    EffectStatusUnknown,
+    RedisEffectStore,
+    Status,
+    reversibility,
+)
 from airlock_redis.core.errors import EffectPolicyViolation
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.integrations.mcp import (
@@ -129,6 +137,10 @@ def in_doubt_text(tool: str) -> str:
     return EffectStatusUnknown("", tool=tool, tool_call_id=None).model_message
 
 
+def in_progress_text(tool: str) -> str:
+    return EffectInProgress("", tool=tool, tool_call_id=None).model_message
+
+
 # -- same id twice -----------------------------------------------------------------------------------
 def test_same_id_twice_runs_once_and_replays_the_result(harness: Harness) -> None:
     async def scenario(session: ClientSession) -> None:
@@ -190,7 +202,8 @@ def test_tool_already_wrapped_by_the_guard_gives_one_record_and_one_run(harness:
 # -- a client that times out and retries ---------------------------------------------------------------
 def test_blocking_tool_timed_out_and_retried_runs_once(harness: Harness) -> None:
     """The body outlives the client's wait (a worker thread is not stopped by the client's cancel).
-    A retry while it runs is refused as in doubt; once it has committed, a retry gets its result."""
+    A retry while it runs waits a little (the server's wait_for_running), then is told it still runs;
+    once it has committed, a retry gets its result."""
 
     async def scenario(session: ClientSession) -> None:
         args = {"account": "acct_4", "seconds": SLOW}
@@ -201,7 +214,7 @@ def test_blocking_tool_timed_out_and_retried_runs_once(harness: Harness) -> None
 
         retry = await call_tool(session, "call-t", "slow_charge", args)
         assert retry.is_error
-        assert in_doubt_text("slow_charge") in text_of(retry)
+        assert in_progress_text("slow_charge") in text_of(retry)
 
         harness.open_gate("slow_charge")
         await harness.until(
@@ -252,6 +265,101 @@ def test_reversible_tool_timed_out_runs_again_on_retry(harness: Harness) -> None
     run(harness, scenario)
 
 
+# -- the first error in doubt (an in-process server on the same redis-server) ----------------------------
+def in_process_server(store: RedisEffectStore, runs: list[str]) -> MCPServer[Any]:
+    """A server whose tools fail: ``charge``/``acharge`` time out (in doubt), ``cancel`` fails plainly,
+    ``lookup`` (reversible) times out once."""
+    server: MCPServer[Any] = MCPServer("failing")
+
+    @server.tool()
+    def charge(account: str, cents: int) -> str:
+        runs.append("charge")
+        raise TimeoutError("payments api: read timed out")
+
+    @server.tool()
+    async def acharge(account: str, cents: int) -> str:
+        runs.append("acharge")
+        raise TimeoutError("payments api: read timed out")
+
+    @server.tool()
+    def cancel(order: str) -> str:
+        runs.append("cancel")
+        raise ValueError("order is already shipped")
+
+    @server.tool()
+    @reversibility("reversible")
+    def lookup(query: str) -> str:
+        runs.append("lookup")
+        if runs.count("lookup") == 1:
+            raise TimeoutError("search api: read timed out")
+        return f"{query}: found"
+
+    guard_server(server, EffectGuard(store))
+    return server
+
+
+def in_process(
+    store: RedisEffectStore, scenario: Callable[[Client], Awaitable[None]], runs: list[str]
+) -> None:
+    async def main() -> None:
+        with anyio.fail_after(SCENARIO_TIMEOUT):
+            async with Client(in_process_server(store, runs)) as client:
+                await scenario(client)
+
+    anyio.run(main)
+
+
+@pytest.fixture
+def store(redis_server: EmbeddedRedis, namespace: str) -> RedisEffectStore:
+    return RedisEffectStore(redis_server.url, namespace=namespace, socket_timeout=30)
+
+
+@pytest.mark.parametrize("tool", ("charge", "acharge"))
+def test_the_first_in_doubt_error_reaches_the_client_as_the_refusal_text(
+    tool: str, store: RedisEffectStore
+) -> None:
+    """The tool times out: on this very call the client gets the refusal text as the error result, not
+    MCP's bare "Error executing tool <name>"; a retry of the same id is refused without running."""
+    runs: list[str] = []
+
+    async def scenario(client: Client) -> None:
+        first = await call_tool(client, "call-d", tool, {"account": "acct_8", "cents": 5})
+        assert first.is_error
+        text = text_of(first)
+        # MCPServer puts its "Error executing tool <name>: " before a ToolError's text
+        refusal = f"The call to {tool!r} may have taken effect: it ended with TimeoutError"
+        assert text.startswith(f"Error executing tool {tool}: {refusal}")
+        assert "Do not call it again, under this id or a new one." in text
+        assert "try again" not in text.lower() and "read timed out" not in text
+        again = await call_tool(client, "call-d", tool, {"account": "acct_8", "cents": 5})
+        assert again.is_error and in_doubt_text(tool) in text_of(again)
+
+    in_process(store, scenario, runs)
+    assert runs == [tool]
+    record = store.get("call-d")
+    assert record is not None and record.status is Status.UNKNOWN
+
+
+def test_an_ordinary_error_and_a_reversible_tools_timeout_keep_mcps_handling(store: RedisEffectStore) -> None:
+    """A ValueError leaves nothing in doubt (released), and a reversible tool may run again: both get
+    the server's own error result, and a retry of the same id runs the tool."""
+    runs: list[str] = []
+
+    async def scenario(client: Client) -> None:
+        failed = await call_tool(client, "call-v", "cancel", {"order": "o1"})
+        assert failed.is_error and text_of(failed).startswith("Error executing tool cancel")
+        assert store.get("call-v") is None
+        timed_out = await call_tool(client, "call-l", "lookup", {"query": "q"})
+        assert timed_out.is_error and text_of(timed_out).startswith("Error executing tool lookup")
+        record = store.get("call-l")
+        assert record is not None and record.status is Status.UNKNOWN
+        retried = await call_tool(client, "call-l", "lookup", {"query": "q"})
+        assert not retried.is_error and text_of(retried) == "q: found"
+
+    in_process(store, scenario, runs)
+    assert runs == ["cancel", "lookup", "lookup"]
+
+
 # -- a call without the id ------------------------------------------------------------------------------
 def test_call_without_the_id_is_refused_naming_the_meta_key(harness: Harness) -> None:
     async def scenario(session: ClientSession) -> None:
@@ -282,7 +390,7 @@ def test_call_without_the_id_is_refused_naming_the_meta_key(harness: Harness) ->
 # -- the OpenAI Agents SDK's MCP client -----------------------------------------------------------------
 def test_openai_agents_mcp_client_retries_with_the_same_id(harness: Harness) -> None:
     """``MCPServerStdio(tool_meta_resolver=...)`` with the SDK's own retry: the tool runs once, and the
-    model gets the refusal text as the tool's output."""
+    model gets the refusal text as the tool's output (the first attempt still runs: in progress)."""
     from agents import RunContextWrapper
     from agents.mcp import MCPServerStdio, MCPToolMetaContext, MCPUtil
     from agents.tool_context import ToolContext
@@ -304,7 +412,7 @@ def test_openai_agents_mcp_client_retries_with_the_same_id(harness: Harness) -> 
                 )
                 output = await MCPUtil.invoke_mcp_tool(server, tools["slow_charge"], context, arguments)
                 harness.open_gate("slow_charge")
-                assert in_doubt_text("slow_charge") in json.dumps(output)
+                assert in_progress_text("slow_charge") in json.dumps(output)
                 assert harness.runs("slow_charge") == 1
                 # without a tool call in the run context, no id is sent
                 bare = MCPToolMetaContext(RunContextWrapper(None), "s", "slow_charge", None)

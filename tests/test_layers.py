@@ -21,6 +21,7 @@ LAYERS = {
     "approval": 1,
     "observability": 1,
     "embedded": 1,
+    "lease": 1,
     "executors": 2,
     "reporting": 2,
     "operator": 2,

@@ -66,6 +66,7 @@ PUBLIC_NAMES = frozenset(
         "StoreUnavailable",
         "ResultNotStored",
         "RecordCorrupt",
+        "EffectInProgress",
         "REFUSAL_REASONS",
         "RefusalReason",
         # other errors

@@ -49,7 +49,7 @@ TOOL = "charge"
 KEY = idempotency_key(TOOL, {"account": "acct"})
 # what a later layout might write: its letter, a header of lowercase letters, digits and commas, ";",
 # then anything (here, binary)
-NEWER = b"bc,7,1700000000000,q,0;\x00\xff;,:binary fields of a layout this one cannot read"
+NEWER = b"cc,7,1700000000000,q,0;\x00\xff;,:binary fields of a layout this one cannot read"
 THIS = layout.pack(
     layout.StoredRecord("committed", 1, 5, 6, True, b"o", layout.pack_key(KEY), b"t", value=b"v")
 )
@@ -57,27 +57,27 @@ THIS = layout.pack(
 # bytes -> the version letter of a newer layout, None for a record of this layout, "" for no record
 VERSION_RULE: list[tuple[bytes, str | None]] = [
     (THIS, None),
-    (NEWER, "b"),
+    (NEWER, "c"),
     (b"zz;", "z"),
-    (b"bq;", "b"),
-    (b"bc,,,,;", "b"),
+    (b"cq;", "c"),
+    (b"cc,,,,;", "c"),
     (b"zzzz9,a1;\x00", "z"),
     (b"cp,1,,,0,0,0,0,0,0;", "c"),  # this layout's header under another letter
     (b"a;", ""),  # version a is known: what does not parse as a is corrupt, never "newer"
     (b"ab,1,,,0,0,0,0,0,0;", ""),
     (THIS[:-3], ""),
     (THIS[1:], ""),  # a record that lost its version byte: "c,1,...;", not a newer layout
-    (b"b;", ""),
-    (b"b,,,,;", ""),
-    (b"b1;", ""),
+    (b"c;", ""),
+    (b"c,,,,;", ""),
+    (b"c1;", ""),
     (b"", ""),
     (b";", ""),
-    (b"b", ""),  # no header end
-    (b"bc,1", ""),
-    (b"bC,1;", ""),  # upper case in the header
-    (b"b c;", ""),
-    (b"b-1;", ""),
-    (b"b\x00;", ""),
+    (b"c", ""),  # no header end
+    (b"cc,1", ""),
+    (b"cC,1;", ""),  # upper case in the header
+    (b"c c;", ""),
+    (b"c-1;", ""),
+    (b"c\x00;", ""),
     (b"B;", ""),
     (b"1c,1;", ""),
     (b"\x00b;", ""),
@@ -189,7 +189,7 @@ def test_a_newer_record_is_refused_at_begin_and_the_tool_never_runs(
             call("new-1")
         assert refused.value.reason == "record_corrupt"
         message = str(refused.value)
-        assert "written by a newer airlock-redis (record layout version 'b'" in message, message
+        assert "written by a newer airlock-redis (record layout version 'c'" in message, message
         assert "upgrade airlock-redis on this host" in message, message
         # the hint says upgrade and does not send anyone to resolve it (resolving it here is refused)
         hint = refused.value.fix_hint
@@ -208,7 +208,7 @@ def test_the_store_raises_record_version_error_at_begin_and_get(rstore: RedisEff
             rstore.begin(request)
         else:
             asyncio.run(rstore.abegin(request))
-    assert isinstance(info.value, CorruptRecordError) and info.value.version == "b"
+    assert isinstance(info.value, CorruptRecordError) and info.value.version == "c"
     assert "upgrade airlock-redis" in str(info.value) and "refused too" in str(info.value)
     with pytest.raises(
         RecordVersionError, match="the record of 'new-2' was written by a newer airlock-redis"
@@ -272,23 +272,23 @@ def test_inspect_and_list_show_a_newer_record(
     rstore: RedisEffectStore, redis_server: EmbeddedRedis, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _put(rstore, "new-5")
-    shown = "written by a newer airlock-redis (layout b)"
+    shown = "written by a newer airlock-redis (layout c)"
     view = read_record(rstore.client, rstore.namespace, "new-5")
-    assert view is not None and view.layout_version == "b" and view.status is None
+    assert view is not None and view.layout_version == "c" and view.status is None
     assert len(view.problems) == 1 and view.problems[0].startswith(shown), view.problems
     [listed] = list_records(rstore.client, rstore.namespace).records
-    assert (listed.tool_call_id, listed.layout_version, listed.problems) == ("new-5", "b", view.problems)
+    assert (listed.tool_call_id, listed.layout_version, listed.problems) == ("new-5", "c", view.problems)
 
     target = ["--url", redis_server.url, "--namespace", rstore.namespace]
     code, out, err = _cli(["inspect", "new-5", *target], capsys)
     assert code == 0 and shown in out and "upgrade airlock-redis" in out, (out, err)
     code, out, err = _cli(["inspect", "new-5", *target, "--json"], capsys)
-    assert code == 0 and json.loads(out)["layout_version"] == "b", (out, err)
+    assert code == 0 and json.loads(out)["layout_version"] == "c", (out, err)
     code, out, err = _cli(["list", *target], capsys)
     assert code == 0 and "newer!" in out and "'new-5'" in out, (out, err)
     code, out, err = _cli(["list", *target, "--json"], capsys)
     [row] = json.loads(out)["records"]
-    assert code == 0 and row["layout_version"] == "b" and row["problems"][0].startswith(shown), out
+    assert code == 0 and row["layout_version"] == "c" and row["problems"][0].startswith(shown), out
     # the CLI's resolve of it is refused by the script, and says to upgrade
     code, out, err = _cli(["resolve", "new-5", *target, "--release", "--yes"], capsys)
     assert code != 0 and "upgrade airlock-redis" in err, (code, out, err)
@@ -298,7 +298,7 @@ def test_inspect_and_list_show_a_newer_record(
 def test_a_newer_record_with_a_long_header_is_still_shown_as_newer(rstore: RedisEffectStore) -> None:
     """A listing reads the first 512 bytes of each record (a header of 403 here, fields of 5,000 after
     it): a newer header is recognised within them."""
-    long_header = b"bc" + b"1," * 200 + b";" + b"x" * 5000
+    long_header = b"cc" + b"1," * 200 + b";" + b"x" * 5000
     _put(rstore, "new-6", long_header)
     [listed] = list_records(rstore.client, rstore.namespace).records
-    assert listed.layout_version == "b"
+    assert listed.layout_version == "c"

@@ -304,8 +304,9 @@ def test_a_superseded_attempt_cannot_release_the_newer_attempts_record(
 
 
 def test_superseded_guard_call_leaves_the_newer_result_standing(rstore: RedisEffectStore) -> None:
-    """Through the guard: attempt A runs long, B takes over and commits, A's commit is fenced off."""
-    guard = EffectGuard(store=rstore)
+    """Through the guard: attempt A runs long, B takes over and commits, A's commit is fenced off.
+    Without a lease (the spec's table): with one, B would find A running and wait for it instead."""
+    guard = EffectGuard(store=rstore, lease=None)
     values: list[str] = []
 
     @reversibility("reversible")

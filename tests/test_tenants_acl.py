@@ -20,7 +20,7 @@ from airlock_redis import EffectGuard, RedisEffectStore, StoreError, StoreUnavai
 from airlock_redis.cli import main
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.operator import AUDIT_LOG_ENV, OPERATOR_COMMANDS, audit_stream_key
-from airlock_redis.stores.acl import required_commands
+from airlock_redis.stores.acl import WAITING_COMMANDS, required_commands
 from airlock_redis.stores.keys import acl_key_pattern, record_key, record_pattern
 
 from .procs import PROJECT_ROOT
@@ -126,8 +126,9 @@ def test_the_documented_lines_are_exact_and_list_what_the_store_sends() -> None:
         assert words[3:5] == ["reset", "on"], words  # nothing kept from an earlier, wider rule
         assert [w[1:] for w in words if w.startswith("~")] == [acl_key_pattern(namespace)]
         assert acl_key_pattern(namespace) == f"{namespace}:{{*"
-        assert [w[1:] for w in words if w.startswith("+")] == list(required_commands())
-        assert [w for w in words[5:] if not w.startswith(("~", "+", ">"))] == []
+        assert [w[1:] for w in words if w.startswith("&")] == [acl_key_pattern(namespace)]  # channels
+        assert [w[1:] for w in words if w.startswith("+")] == [*required_commands(), *WAITING_COMMANDS]
+        assert [w for w in words[5:] if not w.startswith(("~", "&", "+", ">"))] == []
     words = acl[OPERATOR]
     assert words[3:5] == ["reset", "on"], words
     patterns = {w[1:] for w in words if w.startswith("~")}

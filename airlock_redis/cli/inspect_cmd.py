@@ -60,6 +60,8 @@ def render(view: RecordView, preview_chars: int) -> str:
     if view.committed_ms is not None and view.begun_ms is not None:
         lines.append(f"committed after  {format_duration(max(0, view.committed_ms - view.begun_ms))}")
     lines.append(f"expires in       {format_duration(view.ttl_ms) if view.ttl_ms is not None else 'never'}")
+    if view.lease_ms is not None:
+        lines.append(f"lease            {_lease(view)}")
     if view.status == "committed":
         if view.stored:
             size = f"{view.value_bytes} bytes" if view.value_bytes is not None else "?"
@@ -71,6 +73,18 @@ def render(view: RecordView, preview_chars: int) -> str:
     for problem in view.problems:
         lines.append(f"PROBLEM          {problem} (the guard refuses this record: record_corrupt)")
     return redact("\n".join(lines))
+
+
+def _lease(view: RecordView) -> str:
+    lease = format_duration(view.lease_ms)
+    if view.liveness == "running":
+        return f"running: renewed {format_duration(view.since_renewal_ms)} ago, lease {lease}"
+    if view.liveness == "abandoned":
+        return (
+            f"abandoned: not renewed for {format_duration(view.since_renewal_ms)}, lease {lease} "
+            "(its attempt is gone or hung: the call is in doubt)"
+        )
+    return f"{lease}, renewal not known (the record's TTL was changed by hand)"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,7 +30,10 @@ from .common import (
 )
 
 _CURSOR = re.compile(r"[0-9]+:[0-9]+:[0-9]+")
-HELP = "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than"
+HELP = (
+    "list records (SCAN on every primary, bounded and paged): --status, --tool, --older-than, "
+    "--running, --abandoned"
+)
 
 
 def _duration(text: str) -> float:
@@ -51,6 +54,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser, embedded_default=False)
     parser.add_argument("--status", choices=("pending", "unknown", "committed"), help="only this status")
     parser.add_argument("--tool", help="only records of this tool")
+    live = parser.add_mutually_exclusive_group()
+    live.add_argument(
+        "--running",
+        action="store_const",
+        const="running",
+        dest="liveness",
+        help="only pending records whose attempt renews its lease (it runs)",
+    )
+    live.add_argument(
+        "--abandoned",
+        action="store_const",
+        const="abandoned",
+        dest="liveness",
+        help="only pending records whose lease lapsed (the attempt is gone or hung: in doubt)",
+    )
     parser.add_argument(
         "--older-than",
         type=_duration,
@@ -79,7 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    where = ListFilter(status=args.status, tool=args.tool, older_than_s=args.older_than)
+    where = ListFilter(
+        status=args.status, tool=args.tool, older_than_s=args.older_than, liveness=args.liveness
+    )
     with open_operator_store(args) as views:
         try:
             query = ListQuery(where, args.limit, args.scan_count, args.max_scan, args.cursor)
@@ -101,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
     header = f"{'STATUS':<10} {'TOOL':<20} {'ATTEMPT':>7} {'AGE':>8} {'TTL':>8}  TOOL_CALL_ID"
     print(header)
     for r in records:
-        status = r.status or ("newer" if r.layout_version else "?")  # newer: a newer airlock-redis's layout
+        # newer: a newer airlock-redis's layout; a pending record under a lease: running or abandoned
+        status = r.liveness or r.status or ("newer" if r.layout_version else "?")
         if r.problems:
             status += "!"
         attempt = str(r.attempt) if r.attempt is not None else "-"

@@ -7,7 +7,10 @@ events, in one place. The states and the events each one takes::
 
     READY --start--> ASKING --approved--> ...           (approval needed)
     READY --start--> BEGINNING | RUNNING_BARE | DONE     (begin, run without a record, refuse)
-    BEGINNING --begun--> RUNNING | SECURING | DONE       (run, wait for replicas, replay or refuse)
+    BEGINNING --begun--> RUNNING | SECURING | WAITING | DONE  (run, wait for replicas, wait for a
+                                                         running attempt, replay or refuse)
+    WAITING --woken--> WAITING | RUNNING | SECURING | DONE (begun again once it ended, or the wait ran out)
+    WAITING --begin_failed | begin_interrupted-->        (as from BEGINNING)
     BEGINNING --begin_failed--> GIVING_BACK | DONE       (give back what may have landed, refuse)
     BEGINNING --begin_interrupted--> GIVING_BACK         (then re-raise the interruption)
     SECURING --secured--> RUNNING
@@ -36,12 +39,14 @@ from .decision import Replay, Run, decide
 from .errors import CorruptRecordError, EffectRefused, ResultDecodingError, ResultEncodingError, StoreError
 from .gates import GuardedCall, GuardOptions, Plan, plan
 from .outcome import give_back, gives_back_after_failed_begin, settlement_for_error, settlement_for_return
-from .records import BeginOutcome, BeginRequest, RecordVersionError, Settlement
+from .records import BeginKind, BeginOutcome, BeginRequest, RecordVersionError, Settlement
 from .signing import Signer
 
 T = TypeVar("T")
 
 Effect = Literal["executed", "replayed", "unguarded", "nested"]
+# a wait with less time left than this is not started: the call is refused as still in progress
+_LEAST_WAIT = 0.01
 
 
 class State(enum.Enum):
@@ -50,6 +55,7 @@ class State(enum.Enum):
     READY = "ready"  # the gates passed (made with the machine); nothing asked or recorded yet
     ASKING = "asking"  # waiting for the approver
     BEGINNING = "beginning"  # the begin is sent
+    WAITING = "waiting"  # waiting for the running attempt that holds the record to end (then begin again)
     SECURING = "securing"  # waiting until enough replicas hold the pending record (wait_replicas)
     RUNNING = "running"  # the tool body runs; this attempt owns the record
     RUNNING_BARE = "running_bare"  # the tool body runs without a record of its own
@@ -65,6 +71,7 @@ class Event(enum.Enum):
     APPROVED = "approved"
     DENIED = "denied"
     BEGUN = "begun"
+    WOKEN = "woken"
     BEGIN_FAILED = "begin_failed"
     BEGIN_INTERRUPTED = "begin_interrupted"
     SECURED = "secured"
@@ -81,9 +88,12 @@ TRANSITIONS: dict[tuple[State, Event], frozenset[State]] = {
     (S.READY, E.START): frozenset({S.ASKING, S.BEGINNING, S.RUNNING_BARE, S.DONE}),
     (S.ASKING, E.APPROVED): frozenset({S.BEGINNING, S.RUNNING_BARE, S.DONE}),
     (S.ASKING, E.DENIED): frozenset({S.DONE}),
-    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.DONE}),
+    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.WAITING, S.DONE}),
     (S.BEGINNING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
     (S.BEGINNING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
+    (S.WAITING, E.WOKEN): frozenset({S.WAITING, S.RUNNING, S.SECURING, S.DONE}),
+    (S.WAITING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
+    (S.WAITING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
     (S.SECURING, E.SECURED): frozenset({S.RUNNING}),
     (S.SECURING, E.SECURE_FAILED): frozenset({S.ENDING}),
     (S.RUNNING, E.RETURNED): frozenset({S.ENDING}),
@@ -123,6 +133,8 @@ class CallRules:
     max_result_bytes: int
     signer: Signer | None
     target: str | None = ""  # how an operator reaches the store (for refusals' hints); None: in-process
+    lease_ms: int | None = None  # each attempt's lease (None: records hold none; see airlock_redis.lease)
+    wait_for_running: float = 0.0  # seconds a call waits for a running attempt of its id (0: refused)
 
 
 class Running(NamedTuple):
@@ -156,6 +168,15 @@ class Begin(NamedTuple):
     request: BeginRequest
 
 
+class Wait(NamedTuple):
+    """Wait up to ``seconds`` for the running attempt that holds the record to end, then send the
+    begin again; then ``woken`` (with what it answered and the seconds spent), ``begin_failed`` or
+    ``begin_interrupted``."""
+
+    request: BeginRequest
+    seconds: float
+
+
 class Secure(NamedTuple):
     """Wait until enough replicas hold the pending record; then ``secured`` or ``secure_failed``."""
 
@@ -164,10 +185,12 @@ class Secure(NamedTuple):
 
 class RunTool(NamedTuple):
     """Run the tool body inside ``running`` (the context its own guarded calls see); then
-    ``returned`` or ``raised``. ``bare``: it runs without a record of its own."""
+    ``returned`` or ``raised``. ``bare``: it runs without a record of its own. ``lease``: the
+    request whose lease to keep renewed until the call's last write is answered (None: no lease)."""
 
     running: Running
     bare: bool
+    lease: BeginRequest | None = None
 
 
 class Write(NamedTuple):
@@ -204,7 +227,7 @@ class Reraise(NamedTuple):
     error: BaseException
 
 
-Operation = Ask | Begin | Secure | RunTool | Write | GiveBack | Finish | Refuse | Reraise
+Operation = Ask | Begin | Wait | Secure | RunTool | Write | GiveBack | Finish | Refuse | Reraise
 Outcome = Finish | Refuse | Reraise
 
 
@@ -214,7 +237,9 @@ class CallMachine:
 
     __slots__ = (
         "_after",
+        "_durable",
         "_nested_key",
+        "_wait_left",
         "annotation",
         "attempt",
         "call",
@@ -223,6 +248,7 @@ class CallMachine:
         "rules",
         "state",
         "t_run",
+        "ticket",
     )
 
     def __init__(self, rules: CallRules, call: GuardedCall, annotation: Callable[[], Any]) -> None:
@@ -234,7 +260,10 @@ class CallMachine:
         self.attempt = 0  # this attempt's number, once it owns the record
         self._after: Outcome | None = None  # how the call ends once the write in flight is answered
         self._nested_key: str | None = None  # nested: the key of the call whose body this is
+        self._durable = False  # the begin's durable, kept for the begin after a wait
+        self._wait_left = 0.0  # seconds the call may still wait for a running attempt
         self.t_run = 0.0  # set by the executor when the tool starts (for the observer's durations)
+        self.ticket: object | None = None  # the executor's hold on the lease while the tool runs
         self.plan: Plan | None
         try:
             self.plan = plan(call, rules.options)
@@ -291,7 +320,12 @@ class CallMachine:
         # tool_call_id, idempotency_key, tool, owner token (secrets.token_hex(16) without its two
         # calls), reversible: positional, which builds the named tuple faster than keywords
         self.request = BeginRequest(
-            tool_call_id, key, self.call.tool, os.urandom(16).hex(), self.call.reversibility.may_run_again
+            tool_call_id,
+            key,
+            self.call.tool,
+            os.urandom(16).hex(),
+            self.call.reversibility.may_run_again,
+            self.rules.lease_ms,
         )
         self._go(event, State.BEGINNING)
         return Begin(self.request)
@@ -299,17 +333,35 @@ class CallMachine:
     # -- the begin's answer --------------------------------------------------------------------
     def begun(self, outcome: BeginOutcome, durable: bool) -> Operation:
         """What begin found. ``durable``: the store must first get the record to its replicas."""
+        if outcome.kind is BeginKind.RUNNING and self.rules.wait_for_running > 0:
+            self._durable, self._wait_left = durable, self.rules.wait_for_running
+            self._go(Event.BEGUN, State.WAITING)
+            assert self.request is not None
+            return Wait(self.request, self._wait_left)
+        return self._decided(Event.BEGUN, outcome, durable)
+
+    def woken(self, outcome: BeginOutcome, waited: float) -> Operation:
+        """What begin found after a wait of ``waited`` seconds: wait on while the attempt still runs
+        and time is left, else decide as for a first begin."""
+        self._wait_left -= waited
+        if outcome.kind is BeginKind.RUNNING and self._wait_left > _LEAST_WAIT:
+            self._go(Event.WOKEN, State.WAITING)
+            assert self.request is not None
+            return Wait(self.request, self._wait_left)
+        return self._decided(Event.WOKEN, outcome, self._durable)
+
+    def _decided(self, event: Event, outcome: BeginOutcome, durable: bool) -> Operation:
         request = self.request
         assert request is not None
         decision = decide(outcome)
         if isinstance(decision, Run):
             self.attempt = decision.attempt
             if durable:
-                self._go(Event.BEGUN, State.SECURING)
+                self._go(event, State.SECURING)
                 return Secure(request)
-            self._go(Event.BEGUN, State.RUNNING)
+            self._go(event, State.RUNNING)
             return self._run()
-        self._go(Event.BEGUN, State.DONE)
+        self._go(event, State.DONE)
         tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
         if isinstance(decision, Replay):
             signer = self.rules.signer
@@ -377,10 +429,12 @@ class CallMachine:
         )
 
     def _run(self) -> RunTool:
-        planned, reversibility = self.plan, self.call.reversibility
-        assert planned is not None
+        planned, reversibility, request = self.plan, self.call.reversibility, self.request
+        assert planned is not None and request is not None
         return RunTool(
-            Running(planned.idempotency_key, planned.tool_call_id, reversibility.may_run_again), False
+            Running(planned.idempotency_key, planned.tool_call_id, reversibility.may_run_again),
+            False,
+            request if request.lease_ms is not None else None,
         )
 
     # -- after the tool ------------------------------------------------------------------------
@@ -404,15 +458,32 @@ class CallMachine:
             self.request, self.attempt, settlement if settlement is not None else self._sealed(value)
         )
 
-    def raised(self, error: BaseException) -> Operation:
-        """The tool raised ``error``: the record ends unknown when in doubt, else released."""
+    def raised(self, error: BaseException, *, refuse_in_doubt: bool = False) -> Operation:
+        """The tool raised ``error``: the record ends unknown when in doubt, else released.
+        ``refuse_in_doubt`` (an integration runs the call): an error that leaves a tool that may not
+        run again in doubt ends the call with an :class:`EffectStatusUnknown` refusal raised from
+        it, so the model is told not to call it again; a cancellation or interrupt (not an
+        Exception) is always re-raised."""
         if self.state is State.RUNNING_BARE:
             self._go(Event.RAISED, State.DONE)
             return Reraise(error)
         self._go(Event.RAISED, State.ENDING)
-        self._after = Reraise(error)
-        assert self.request is not None
-        return Write(self.request, self.attempt, settlement_for_error(error, self.rules.ambiguity))
+        request = self.request
+        assert request is not None
+        settlement = settlement_for_error(error, self.rules.ambiguity)
+        if (
+            refuse_in_doubt
+            and settlement is Settlement.UNKNOWN
+            and isinstance(error, Exception)
+            and not self.call.reversibility.may_run_again
+        ):
+            refusal = refusals.in_doubt_after_error(
+                request.tool, request.tool_call_id, request.idempotency_key, error, self.rules.target
+            )
+            self._after = Refuse(refusal, error)
+        else:
+            self._after = Reraise(error)
+        return Write(request, self.attempt, settlement)
 
     def written(self) -> Outcome:
         """The store answered the last write (whatever it answered: the tool has run, or will not)."""

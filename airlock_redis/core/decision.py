@@ -5,8 +5,15 @@
 | nothing (or this attempt's own)    | run                         | run                 |
 | committed with a stored value      | replay the value            | replay the value    |
 | committed, value not storable      | refuse result_not_stored    | same                |
-| pending or unknown                 | refuse effect_status_unknown| run again           |
+| pending (no lease) or unknown      | refuse effect_status_unknown| run again           |
+| pending, its lease lapsed          | refuse effect_status_unknown| run again           |
+| pending, its lease renewed: running| refuse effect_in_progress   | same                |
 | other tool or other arguments      | refuse policy_violation     | same                |
+
+A record held under a lease (``EffectGuard(lease=...)``) tells a running attempt (renewed within its
+lease, by the server's clock) from an abandoned one (lapsed: gone or hung, so in doubt). A running
+one is never run a second time beside it, whatever the tool; without a lease the table is the
+spec's, where a pending record is in doubt.
 
 The "run again" cell is carried out atomically by the store's ``begin`` (it takes the record over
 for a new attempt when told the tool is reversible and answers ``started``); ``decide`` still
@@ -49,6 +56,8 @@ def decide(outcome: BeginOutcome) -> Decision:
         return Replay(outcome.value, outcome.mac)
     if kind is BeginKind.MISMATCH:
         return Refuse("policy_violation", outcome)
-    # pending or unknown: the store takes a reversible call over and answers STARTED, so reaching
+    if kind is BeginKind.RUNNING:
+        return Refuse("effect_in_progress", outcome)
+    # pending, abandoned or unknown: the store takes a reversible call over and answers STARTED, so reaching
     # this line means the earlier attempt's effect is in doubt and this tool must not run again.
     return Refuse("effect_status_unknown", outcome)

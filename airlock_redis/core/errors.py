@@ -17,6 +17,7 @@ RefusalReason = Literal[
     "store_unavailable",
     "result_not_stored",
     "record_corrupt",
+    "effect_in_progress",
 ]
 REFUSAL_REASONS: tuple[str, ...] = get_args(RefusalReason)
 
@@ -57,6 +58,10 @@ MODEL_MESSAGES: dict[str, str] = {
         "The record of an earlier attempt of this call is damaged, so it is neither run again nor "
         "replayed. Do not retry it; tell the user it needs to be checked by a person."
     ),
+    "effect_in_progress": (
+        "An earlier attempt of this same call is still running. Do not issue it under a new id: it "
+        "may take effect. Ask again later with the same tool call id to get its result."
+    ),
 }
 
 
@@ -75,8 +80,8 @@ class EffectRefused(Exception):
 
     - ``reason``: one of :data:`RefusalReason` (``effect_status_unknown``, ``policy_violation``,
       ``tool_call_id_required``, ``target_args_required``, ``approval_denied``,
-      ``store_unavailable``, ``result_not_stored``, ``record_corrupt``); a class attribute of the
-      subclass.
+      ``store_unavailable``, ``result_not_stored``, ``record_corrupt``, ``effect_in_progress``); a
+      class attribute of the subclass.
     - ``message``: what happened, for people and logs.
     - ``fix_hint``: what to do next (for a call in doubt: the ``airlock-redis resolve`` command for
       this store); ``str(error)`` is ``[reason] message fix_hint``.
@@ -198,6 +203,13 @@ class RecordCorrupt(EffectRefused):
     reason = "record_corrupt"
 
 
+class EffectInProgress(EffectRefused):
+    """An earlier attempt of the call still runs (it renews its lease): it is neither run a second
+    time beside it nor in doubt; the same tool_call_id asked again later gets its outcome."""
+
+    reason = "effect_in_progress"
+
+
 _SUBCLASSES: tuple[type[EffectRefused], ...] = (
     EffectStatusUnknown,
     EffectPolicyViolation,
@@ -207,6 +219,7 @@ _SUBCLASSES: tuple[type[EffectRefused], ...] = (
     StoreUnavailable,
     ResultNotStored,
     RecordCorrupt,
+    EffectInProgress,
 )
 
 

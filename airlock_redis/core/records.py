@@ -38,8 +38,10 @@ class BeginKind(Word):
 
     STARTED = "started"  # this attempt now owns the record and may run the tool
     COMMITTED = "committed"  # an earlier attempt committed
-    PENDING = "pending"  # an earlier attempt is running, or was lost while running
+    PENDING = "pending"  # an earlier attempt is running, or was lost while running (no lease to tell)
     UNKNOWN = "unknown"  # an earlier attempt ended in doubt
+    RUNNING = "running"  # an earlier attempt holds the record under a lease it renews: it is running
+    ABANDONED = "abandoned"  # an earlier attempt's lease lapsed: gone or hung, its effect in doubt
     MISMATCH = "mismatch"  # the id was used for another tool or other arguments
 
 
@@ -66,9 +68,10 @@ class TransitionResult(Word):
 # reader it is no record at all.
 RELEASED = "released"
 
-# The record layout version this airlock-redis reads and writes (the first byte of every record: see
-# airlock_redis/stores/layout.py).
+# The record layout versions this airlock-redis reads and writes (the first byte of every record: see
+# airlock_redis/stores/layout.py): "b" for a pending record held under a lease, "a" for every other.
 LAYOUT_VERSION = "a"
+LEASED_LAYOUT_VERSION = "b"
 
 
 class BeginRequest(NamedTuple):
@@ -80,13 +83,18 @@ class BeginRequest(NamedTuple):
     tool: str
     token: str
     reversible: bool
+    # ms the attempt promises to renew its record within while its tool runs (see airlock_redis.lease);
+    # None: no lease, the record cannot tell a running attempt from a lost one
+    lease_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BeginOutcome:
     """What a store's ``begin`` answers: ``kind`` (what it found and did), the record's ``attempt``
     number, for COMMITTED the stored ``value`` (None when it could not be stored) and its ``mac``,
-    for MISMATCH the ``tool`` and ``idempotency_key`` the record belongs to."""
+    for MISMATCH the ``tool`` and ``idempotency_key`` the record belongs to, for RUNNING and
+    ABANDONED the attempt's ``lease_ms`` and how long ago its record was last renewed
+    (``since_renewal_ms``, by the server's clock)."""
 
     kind: BeginKind
     attempt: int = 1
@@ -94,6 +102,8 @@ class BeginOutcome:
     mac: bytes | None = None
     tool: str | None = None  # mismatch: the tool the record belongs to
     idempotency_key: str | None = None  # mismatch: the key the record belongs to
+    lease_ms: int | None = None  # running, abandoned: the earlier attempt's lease
+    since_renewal_ms: int | None = None  # running, abandoned: ms since its record was last renewed
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +123,17 @@ class Record:
     committed_ms: int | None
     ttl_ms: int | None  # None: no expiry (or unknown)
     note: str | None = None
+    lease_ms: int | None = None  # a pending record held under a lease: the lease (else None)
+    since_renewal_ms: int | None = None  # ... and ms since it was last renewed (the server's clock)
+
+    @property
+    def liveness(self) -> str | None:
+        """For a pending record held under a lease: ``"running"`` while its attempt renews it,
+        ``"abandoned"`` once the lease lapsed (the attempt is gone or hung: in doubt). None for any
+        other record, and for one whose TTL was changed by hand (its lease cannot be told)."""
+        if self.status is not Status.PENDING or self.lease_ms is None or self.since_renewal_ms is None:
+            return None
+        return "running" if self.since_renewal_ms <= self.lease_ms else "abandoned"
 
 
 class RecordVersionError(CorruptRecordError):
@@ -126,6 +147,7 @@ class RecordVersionError(CorruptRecordError):
         which = "the record" if tool_call_id is None else f"the record of {tool_call_id!r}"
         super().__init__(
             f"{which} was written by a newer airlock-redis (record layout version {version!r}; this one "
-            f"reads version {LAYOUT_VERSION!r}): upgrade airlock-redis on this host. Nothing was run or "
+            f"reads versions {LAYOUT_VERSION!r} and {LEASED_LAYOUT_VERSION!r}): upgrade airlock-redis on "
+            "this host. Nothing was run or "
             "written; resolving it from a host that runs this version is refused too"
         )

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from .errors import (
     ApprovalDenied,
+    EffectInProgress,
     EffectPolicyViolation,
     EffectRefused,
     EffectStatusUnknown,
@@ -18,7 +19,7 @@ from .errors import (
     TargetArgsRequired,
     ToolCallIdRequired,
 )
-from .records import BeginOutcome, BeginRequest
+from .records import BeginKind, BeginOutcome, BeginRequest
 from .reversibility import Reversibility
 
 
@@ -40,11 +41,21 @@ def _ask_backend(tool_call_id: str, key: str, target: str | None) -> str:
     )
 
 
+def _seconds(ms: int | None) -> str:
+    return "?" if ms is None else f"{ms / 1000:.3g} s"
+
+
 def status_unknown(
     tool: str, tool_call_id: str, key: str, outcome: BeginOutcome, target: str | None = ""
 ) -> EffectStatusUnknown:
+    found = outcome.kind.value
+    if outcome.kind is BeginKind.ABANDONED:
+        found = (
+            f"abandoned: its lease of {_seconds(outcome.lease_ms)} lapsed (not renewed for "
+            f"{_seconds(outcome.since_renewal_ms)}), so its worker is gone or hung"
+        )
     return EffectStatusUnknown(
-        f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} is {outcome.kind.value} "
+        f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} is {found} "
         f"(attempt {outcome.attempt}): it may already have taken effect, and the tool is not reversible.",
         tool=tool,
         tool_call_id=tool_call_id,
@@ -62,7 +73,33 @@ def for_begin(
         return policy_violation(tool, tool_call_id, key, outcome)
     if reason == "result_not_stored":
         return result_not_stored(tool, tool_call_id, key)
+    if reason == "effect_in_progress":
+        return in_progress(tool, tool_call_id, key, outcome, target)
     return status_unknown(tool, tool_call_id, key, outcome, target)
+
+
+def in_progress(
+    tool: str, tool_call_id: str, key: str, outcome: BeginOutcome, target: str | None = ""
+) -> EffectInProgress:
+    """An earlier attempt runs: its record is renewed within its lease. The hint never says resolve
+    (a verdict would fence off an attempt that is working)."""
+    where = (
+        "the store's record"
+        if target is None
+        else (f"airlock-redis inspect {shlex.quote(tool_call_id)} {target}".replace("  ", " "))
+    )
+    return EffectInProgress(
+        f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} is still running "
+        f"(attempt {outcome.attempt}, renewed {_seconds(outcome.since_renewal_ms)} ago within its lease "
+        f"of {_seconds(outcome.lease_ms)}): it is not run a second time beside it.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=(
+            f"Ask again later with the same tool_call_id: it then gets that attempt's outcome. Do not "
+            f"retry under a new id. To watch it: {where}."
+        ),
+    )
 
 
 def policy_violation(tool: str, tool_call_id: str, key: str, outcome: BeginOutcome) -> EffectPolicyViolation:
@@ -193,4 +230,54 @@ def nested_in_reversible(tool: str, tool_call_id: str) -> EffectPolicyViolation:
         tool_call_id=tool_call_id,
         fix_hint="Tag the outer tool with the strictest reversibility of what it calls, or call "
         f"{tool!r} under a tool_call_id of its own.",
+    )
+
+
+class InDoubtAfterError(EffectStatusUnknown):
+    """An :class:`EffectStatusUnknown` for the attempt that ran: its tool raised an error that
+    leaves its effect in doubt (its record is ``unknown``). Its ``model_message`` says that the call
+    ran and may have taken effect, not that it "was not run"."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        tool: str,
+        tool_call_id: str | None,
+        idempotency_key: str | None = None,
+        fix_hint: str = "",
+        model_message: str = "",
+    ) -> None:
+        super().__init__(
+            message, tool=tool, tool_call_id=tool_call_id, idempotency_key=idempotency_key, fix_hint=fix_hint
+        )
+        self._model_message = model_message
+
+    @property
+    def model_message(self) -> str:
+        """What to tell the model: the call may have taken effect; do not call it again."""
+        return self._model_message or super().model_message
+
+
+def in_doubt_after_error(
+    tool: str, tool_call_id: str, key: str, error: BaseException, target: str | None = ""
+) -> EffectStatusUnknown:
+    """The refusal that ends an attempt whose tool raised ``error``, an error that leaves its effect
+    in doubt (the tool is not reversible): what an integration gives the model on the first
+    attempt, in place of the framework's "please try again". Names the error's class, never its
+    text (which may hold data the model should not see)."""
+    kind = type(error).__name__
+    return InDoubtAfterError(
+        f"{tool!r} under tool_call_id {tool_call_id!r} raised {kind}, which leaves its effect in doubt: "
+        "it may have taken effect, and the tool is not reversible. Its record is unknown, and a retry "
+        "is refused.",
+        model_message=(
+            f"The call to {tool!r} may have taken effect: it ended with {kind}, which does not tell "
+            "whether it did. Do not call it again, under this id or a new one. Tell the user that this "
+            "action needs to be checked by a person before anything else is done about it."
+        ),
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=_ask_backend(tool_call_id, key, target),
     )

@@ -21,6 +21,13 @@ DURABILITY_COMMANDS: tuple[str, ...] = ("wait", "waitaof")
 # (COMMAND) when it connects, and sends ASKING to follow an -ASK while a slot migrates.
 CLUSTER_COMMANDS: tuple[str, ...] = ("cluster|slots", "command", "asking")
 
+# For a call that waits for a running attempt of its id (wait_for_running): the listener subscribes
+# to the channel named as the record's key, and the scripts publish the attempt's end there (PUBLISH
+# through pcall: refused, the write still happens). Granted with the channel pattern &<namespace>:{*.
+# Without them nothing fails: a waiting call is not woken, and looks again when its wait or the lease
+# runs out.
+WAITING_COMMANDS: tuple[str, ...] = ("publish", "subscribe", "unsubscribe")
+
 # Read once per store when allowed; refused, the store goes on without them (no eviction warning, and
 # the default proto-max-bulk-len of 512 MB assumed).
 OPTIONAL_COMMANDS: tuple[str, ...] = ("info", "config|get")

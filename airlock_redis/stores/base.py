@@ -9,8 +9,10 @@ answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from ..core.errors import StoreError
 from ..core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
 from ..core.verdicts import parse_verdict
 
@@ -136,4 +138,44 @@ class DurableEffectStore(Protocol):
 
     async def aensure_durable(self, request: BeginRequest) -> None:
         """Coroutine form of :meth:`ensure_durable`."""
+        ...
+
+
+@runtime_checkable
+class WaitingEffectStore(Protocol):
+    """A store where a call can wait for the running attempt that holds its record
+    (``EffectGuard(wait_for_running=...)``), woken when that attempt ends: no polling."""
+
+    @property
+    def can_wait(self) -> bool:
+        """Whether calls can wait here now (a Redis store given only an asyncio client cannot: its
+        listener runs in a thread)."""
+        ...
+
+    def wait_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Wait up to ``seconds`` for the running attempt that holds ``request``'s record to end (or
+        its lease to lapse unrenewed), then begin ``request`` again and answer what begin answers."""
+        ...
+
+    async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Coroutine form of :meth:`wait_running`; cancelled, it leaves nothing behind."""
+        ...
+
+
+@runtime_checkable
+class LeasingEffectStore(Protocol):
+    """A store that keeps leases (``EffectGuard(lease=...)``): a begin whose request carries
+    ``lease_ms`` writes a record that tells a running attempt from an abandoned one, and
+    ``renew_leases`` keeps it running. Renewals are sent from the lease keeper's thread
+    (:mod:`airlock_redis.lease`), so they are blocking calls."""
+
+    @property
+    def keeps_leases(self) -> bool:
+        """Whether this store can renew leases now (a Redis store given only an asyncio client
+        cannot: renewals are sent from a thread)."""
+        ...
+
+    def renew_leases(self, requests: Sequence[BeginRequest]) -> list[TransitionResult | StoreError]:
+        """Renew the lease of each running attempt (owner-fenced): OK, SUPERSEDED (another owner,
+        or the call ended), MISSING, or the StoreError that kept it from being renewed."""
         ...

@@ -46,9 +46,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.records import LAYOUT_VERSION, RELEASED, Status
+from ..core.records import LAYOUT_VERSION, LEASED_LAYOUT_VERSION, RELEASED, Status
 
 VERSION = LAYOUT_VERSION.encode("ascii")
+LEASED_VERSION = LEASED_LAYOUT_VERSION.encode("ascii")
 TOKEN_HEX = 32  # a guard's owner token: secrets.token_hex(16)
 KEY_HEX = 64  # an idempotency key: a sha256 in hex
 _CODES = {"pending": b"p", "committed": b"c", "unknown": b"u", RELEASED: b"r"}
@@ -58,11 +59,20 @@ _HEADER = re.compile(
     + rb"(.),([0-9]+),([0-9]*),([0-9]*),([01]),([0-9]+),([0-9]+),([0-9]+),([0-9]+),([0-9]+);",
     re.DOTALL,
 )
+# layout b: a pending record held under a lease; two more numbers after ``stored``: the lease and the
+# TTL the record was last written with (ms)
+_LEASED_HEADER = re.compile(
+    re.escape(LEASED_VERSION)
+    + rb"(.),([0-9]+),([0-9]*),([0-9]*),([01]),([0-9]+),([0-9]+),([01]),"
+    + rb"([0-9]+),([0-9]+),([0-9]+),([0-9]+),([0-9]+);",
+    re.DOTALL,
+)
 # the shape every layout version's header keeps: a record of a version this one does not know
-_OTHER_VERSION = re.compile(rb"([b-z])[a-z][0-9a-z,]*;")
+_OTHER_VERSION = re.compile(rb"([c-z])[a-z][0-9a-z,]*;")
 _ENTRY = re.compile(rb"([0-9]+):")
 # the first pending record (pack_pending): header and fields, in one formatting step
 _PENDING = VERSION + _CODES["pending"] + b",1,%d,,0,%d,%d,%d,0,0;%s%s%s"
+_LEASED_PENDING = LEASED_VERSION + _CODES["pending"] + b",1,%d,,0,%d,%d,0,%d,%d,%d,0,0;%s%s%s"
 
 
 class LayoutError(ValueError):
@@ -128,6 +138,11 @@ class StoredRecord:
     released: tuple[bytes, ...] = ()
     value: bytes = b""
     value_at: int = field(default=0, compare=False)  # where the value starts in the string (parse)
+    # layout b, a pending record under a lease: the lease and the TTL it was last written with (ms);
+    # None for every other record (layout a)
+    lease_ms: int | None = None
+    ttl_ms: int | None = None
+    waited: bool = False  # layout b: a call waits for this attempt to end (its end publishes)
 
     @property
     def owner_text(self) -> str:
@@ -154,26 +169,41 @@ def _number(value: int | None) -> bytes:
     return b"" if value is None else str(value).encode("ascii")
 
 
+def is_leased(record: StoredRecord) -> bool:
+    """Written in layout b: a pending record held under a lease (every other record is layout a)."""
+    return record.status == "pending" and record.lease_ms is not None
+
+
 def pack(record: StoredRecord) -> bytes:
     """The string the scripts write for ``record``."""
     released = b"".join(b"%d:%s" % (len(token), token) for token in record.released)
     fields = (record.owner, record.key, record.tool, record.mac, released)
+    leased = is_leased(record)
+    waited = b"1" if record.waited else b"0"
+    lease = (_number(record.lease_ms), _number(record.ttl_ms or 0), waited) if leased else ()
     numbers = (
         _number(record.attempt),
         _number(record.begun_ms),
         _number(record.committed_ms),
         b"1" if record.stored else b"0",
+        *lease,
         *(_number(len(f)) for f in fields),
     )
-    return b"".join((VERSION, _CODES[record.status], b",", b",".join(numbers), b";", *fields, record.value))
+    version = LEASED_VERSION if leased else VERSION
+    return b"".join((version, _CODES[record.status], b",", b",".join(numbers), b";", *fields, record.value))
 
 
-def pack_pending(owner: bytes, key: bytes, tool: bytes, begun_ms: int) -> bytes:
+def pack_pending(  # noqa: PLR0917 - built on every call: positional is the cheap way
+    owner: bytes, key: bytes, tool: bytes, begun_ms: int, lease_ms: int | None = None, ttl_ms: int = 0
+) -> bytes:
     """``pack`` of the first attempt's pending record (no MAC, nothing released, no value): what a
-    begin writes on a key that holds nothing. Built on every guarded call, so in one formatting step
+    begin writes on a key that holds nothing, under a lease of ``lease_ms`` (layout b, written with
+    a TTL of ``ttl_ms``) or none (layout a). Built on every guarded call, so in one formatting step
     rather than through a :class:`StoredRecord` packed field by field (0.3 us against 3.7 us for
     :func:`pack`: docs/performance.md); test_layout checks the two agree byte for byte."""
-    return _PENDING % (begun_ms, len(owner), len(key), len(tool), owner, key, tool)
+    if lease_ms is None:
+        return _PENDING % (begun_ms, len(owner), len(key), len(tool), owner, key, tool)
+    return _LEASED_PENDING % (begun_ms, lease_ms, ttl_ms, len(owner), len(key), len(tool), owner, key, tool)
 
 
 def _released(data: bytes) -> tuple[bytes, ...]:
@@ -192,9 +222,9 @@ def _released(data: bytes) -> tuple[bytes, ...]:
 
 
 def _header(data: bytes) -> re.Match[bytes]:
-    """The header of ``data``: LayoutVersionError for a record of another layout version (see the
-    module docstring), LayoutError for anything else that is no header."""
-    match = _HEADER.match(data)
+    """The header of ``data`` (layout a or b): LayoutVersionError for a record of another layout
+    version (see the module docstring), LayoutError for anything else that is no header."""
+    match = _HEADER.match(data) if data[:1] != LEASED_VERSION else _LEASED_HEADER.match(data)
     if match is None:
         other = _OTHER_VERSION.match(data)
         if other is not None:
@@ -208,7 +238,7 @@ def fields_end(data: bytes) -> int:
     of the string is enough). Raises LayoutError when the header does not parse (LayoutVersionError
     for a record of a newer layout)."""
     match = _header(data)
-    return match.end() + sum(int(n) for n in match.groups()[5:])
+    return match.end() + sum(int(n) for n in match.groups()[-5:])
 
 
 def parse(data: bytes) -> StoredRecord:
@@ -216,10 +246,19 @@ def parse(data: bytes) -> StoredRecord:
     LayoutVersionError when it is a record of a newer layout. ``data`` may stop where the value starts
     (a listing reads no value): the value is then empty."""
     match = _header(data)
-    code, attempt, begun, committed, stored, *lengths = match.groups()
+    code, attempt, begun, committed, stored, *numbers = match.groups()
+    lease_ms = ttl_ms = None
+    waited = False
+    if len(numbers) == 8:  # layout b: the lease, the TTL and the waited flag, then the lengths
+        if len(numbers[0]) > 15 or len(numbers[1]) > 15:
+            raise LayoutError("the record has a malformed lease")
+        lease_ms, ttl_ms, waited = int(numbers[0]), int(numbers[1]), numbers[2] == b"1"
+    lengths = numbers[-5:]
     status = _STATUSES.get(code[0])
     if status is None:
         raise LayoutError(f"the record has an unknown status {code.decode('latin-1')!r}")
+    if lease_ms is not None and status != "pending":
+        raise LayoutError("the record has a malformed lease")
     if len(attempt) > 9:
         raise LayoutError("the record has a malformed attempt")
     if len(begun) > 15 or len(committed) > 15:
@@ -245,6 +284,9 @@ def parse(data: bytes) -> StoredRecord:
         released=_released(released),
         value=data[bounds[-1] :],
         value_at=bounds[-1],
+        lease_ms=lease_ms,
+        ttl_ms=ttl_ms,
+        waited=waited,
     )
 
 

@@ -6,11 +6,12 @@ keeps the two equal.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..core.errors import StoreError
@@ -37,6 +38,7 @@ from .operator_view import (
     view_of_record,
 )
 from .ttl import DEFAULT_COMMITTED_TTL, DEFAULT_PENDING_TTL, DEFAULT_UNKNOWN_TTL, TOMBSTONE_TTL, StatusTTLs
+from .wakeups import AFTER_LEASE, Signal
 
 
 class _Row:
@@ -49,9 +51,11 @@ class _Row:
         "committed_ms",
         "expires_at",
         "key",
+        "lease_ms",
         "mac",
         "owner",
         "released",
+        "renewed_at",
         "seq",
         "status",
         "stored",
@@ -71,6 +75,9 @@ class _Row:
         self.begun_ms: int | None = now_ms
         self.committed_ms: int | None = None
         self.expires_at = 0.0  # on the store's clock, seconds
+        # a pending row held under a lease: the lease, and when its owner last renewed it (store's clock)
+        self.lease_ms = request.lease_ms
+        self.renewed_at = 0.0
         self.released: frozenset[str] = frozenset()  # tokens that gave this key's record back
         self.seq = 0  # when the id came into the store (its place in an operator's listing)
 
@@ -117,6 +124,8 @@ class InMemoryEffectStore:
         self._lock = threading.Lock()
         # the operators' audit entries (JSON text, oldest first), see InMemoryOperatorView
         self._audit: deque[tuple[str, str]] = deque(maxlen=AUDIT_MAX_ENTRIES)
+        # the calls waiting for a running attempt, by tool_call_id (see wait_running)
+        self._waiters: dict[str, list[Signal]] = {}
         self._audited = 0
 
     def __repr__(self) -> str:
@@ -133,8 +142,17 @@ class InMemoryEffectStore:
         return row
 
     def _keep(self, row: _Row, now: float) -> None:
-        """Restart the row's TTL for its (new) status."""
+        """Restart the row's TTL for its (new) status (for a pending row: renew its lease)."""
         row.expires_at = now + self._lifetimes[row.status]
+        row.renewed_at = now
+
+    @staticmethod
+    def _since_renewal_ms(row: _Row, now: float) -> int | None:
+        """Ms since a pending row under a lease was renewed (None for any other row), as the Redis
+        store reads it from the record's TTL."""
+        if row.status is not Status.PENDING or row.lease_ms is None:
+            return None
+        return max(0, round((now - row.renewed_at) * 1000))
 
     def _bury(self, tool_call_id: str, owner: str, old: _Row | None, now: float) -> None:
         """Replace the record by a tombstone of ``owner``, keeping the tokens released before."""
@@ -201,16 +219,114 @@ class InMemoryEffectStore:
             if row.owner == request.token and row.status is Status.PENDING:
                 self._keep(row, now)
                 return BeginOutcome(BeginKind.STARTED, row.attempt)
+            since = self._since_renewal_ms(row, now)
+            lease = row.lease_ms
+            if since is not None and lease is not None and since <= lease:
+                return BeginOutcome(BeginKind.RUNNING, row.attempt, lease_ms=lease, since_renewal_ms=since)
             if request.reversible:
                 row.status = Status.PENDING
                 row.owner = request.token
                 row.attempt += 1
                 row.begun_ms = _wall_ms()
+                row.lease_ms = request.lease_ms
                 self._keep(row, now)
                 return BeginOutcome(BeginKind.STARTED, row.attempt)
+            if since is not None:
+                return BeginOutcome(BeginKind.ABANDONED, row.attempt, lease_ms=lease, since_renewal_ms=since)
             return BeginOutcome(BeginKind(row.status.value), row.attempt)
 
+    @property
+    def keeps_leases(self) -> bool:
+        """Always: renewing a lease here is a method call."""
+        return True
+
+    # -- waiting for a running attempt ------------------------------------------------------------
+    @property
+    def can_wait(self) -> bool:
+        """Always: a waiter here is an event (or a future) the ending transition sets."""
+        return True
+
+    def _join(
+        self, request: BeginRequest, loop: asyncio.AbstractEventLoop | None
+    ) -> tuple[Signal, float] | None:
+        """Register a waiter while the record's attempt runs: its signal and the seconds its lease
+        has left; None when it no longer runs (begin again at once)."""
+        with self._lock:
+            now = self._clock()
+            row = self._live(request.tool_call_id, now)
+            since = None if row is None else self._since_renewal_ms(row, now)
+            if row is None or since is None or row.lease_ms is None or since > row.lease_ms:
+                return None
+            signal = Signal(loop)
+            self._waiters.setdefault(request.tool_call_id, []).append(signal)
+            return signal, (row.lease_ms - since) / 1000
+
+    def _leave(self, tool_call_id: str, signal: Signal) -> None:
+        with self._lock:
+            signals = self._waiters.get(tool_call_id)
+            if signals is not None and signal in signals:
+                signals.remove(signal)
+                if not signals:
+                    del self._waiters[tool_call_id]
+
+    def _wake(self, tool_call_id: str) -> None:
+        """Wake the calls that wait for the record of ``tool_call_id`` (an ending transition ran)."""
+        if self._waiters:
+            with self._lock:
+                signals = self._waiters.pop(tool_call_id, ())
+            for signal in signals:
+                signal.set(b"ended")
+
+    def wait_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Wait up to ``seconds`` for the attempt that runs ``request``'s call to end (or its lease
+        to lapse unrenewed), then begin again: what begin answers then."""
+        joined = self._join(request, None)
+        if joined is not None:
+            signal, lease_left = joined
+            try:
+                signal.wait(min(seconds, lease_left + AFTER_LEASE))
+            finally:
+                self._leave(request.tool_call_id, signal)
+        return self.begin(request)
+
+    async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Coroutine form of :meth:`wait_running`; cancelled, it leaves nothing behind."""
+        joined = self._join(request, asyncio.get_running_loop())
+        if joined is not None:
+            signal, lease_left = joined
+            try:
+                await signal.await_(min(seconds, lease_left + AFTER_LEASE))
+            finally:
+                self._leave(request.tool_call_id, signal)
+        return self.begin(request)
+
+    def renew_leases(self, requests: Sequence[BeginRequest]) -> list[TransitionResult | StoreError]:
+        """Renew the lease of each running attempt (see :meth:`renew`)."""
+        return [self.renew(request) for request in requests]
+
+    def renew(self, request: BeginRequest) -> TransitionResult:
+        """The owner of a running call renews its lease: OK, SUPERSEDED (another owner, or the call
+        ended), MISSING (no record). As lua/renew.lua."""
+        with self._lock:
+            now = self._clock()
+            row = self._live(request.tool_call_id, now)
+            if row is None:
+                return TransitionResult.MISSING
+            if row.status is not Status.PENDING or row.owner != request.token or row.lease_ms is None:
+                return TransitionResult.SUPERSEDED
+            self._keep(row, now)
+            return TransitionResult.OK
+
     def commit(
+        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
+    ) -> TransitionResult:
+        """The attempt that owns the record marks it committed (see :meth:`_commit`), and the calls
+        that wait for it are woken. The contract: :meth:`airlock_redis.EffectStore.commit`."""
+        result = self._commit(request, attempt, value, mac)
+        self._wake(request.tool_call_id)
+        return result
+
+    def _commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         """The attempt that owns the record (``request.token``) marks it committed with the tool's
@@ -234,6 +350,13 @@ class InMemoryEffectStore:
             return TransitionResult.OK
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
+        """The owning attempt marks its pending record unknown or releases it (see :meth:`_settle`),
+        and the calls that wait for it are woken. The contract: :meth:`airlock_redis.EffectStore.settle`."""
+        result = self._settle(request, attempt, settlement)
+        self._wake(request.tool_call_id)
+        return result
+
+    def _settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         """The owning attempt marks its pending record unknown, or releases it (leaving a short-lived
         tombstone of its token). The contract: :meth:`airlock_redis.EffectStore.settle`."""
         with self._lock:
@@ -281,9 +404,36 @@ class InMemoryEffectStore:
                 begun_ms=row.begun_ms,
                 committed_ms=row.committed_ms,
                 ttl_ms=max(0, round((row.expires_at - now) * 1000)),
+                lease_ms=row.lease_ms if row.status is Status.PENDING else None,
+                since_renewal_ms=self._since_renewal_ms(row, now),
             )
 
     def resolve(
+        self,
+        tool_call_id: str,
+        verdict: Status | Settlement,
+        *,
+        expect_key: str | None = None,
+        expect_status: Status | None = None,
+        expect_owner: str | None = None,
+        value: bytes | None = None,
+        mac: bytes | None = None,
+    ) -> TransitionResult:
+        """An operator's verdict (see :meth:`_resolve`); the calls that wait for the record are woken.
+        The contract: :meth:`airlock_redis.EffectStore.resolve`."""
+        result = self._resolve(
+            tool_call_id,
+            verdict,
+            expect_key=expect_key,
+            expect_status=expect_status,
+            expect_owner=expect_owner,
+            value=value,
+            mac=mac,
+        )
+        self._wake(tool_call_id)
+        return result
+
+    def _resolve(
         self,
         tool_call_id: str,
         verdict: Status | Settlement,

@@ -51,6 +51,18 @@ class RecordView:
     # a record of a layout version this airlock-redis does not know (written by a newer one): its
     # version letter; every other field is then unknown
     layout_version: str | None = None
+    # a pending record held under a lease: the lease, and ms since its owner last renewed it (by the
+    # server's clock); None for every other record
+    lease_ms: int | None = None
+    since_renewal_ms: int | None = None
+
+    @property
+    def liveness(self) -> str | None:
+        """``"running"`` (its attempt renews its lease), ``"abandoned"`` (the lease lapsed: the
+        attempt is gone or hung, and the call is in doubt), or None (no lease to tell by)."""
+        if self.status != "pending" or self.lease_ms is None or self.since_renewal_ms is None:
+            return None
+        return "running" if self.since_renewal_ms <= self.lease_ms else "abandoned"
 
     def age_ms(self, now_ms: int | None = None) -> int | None:
         """Milliseconds since the attempt began (None when the record does not say)."""
@@ -80,6 +92,7 @@ class RecordView:
         data.pop("value")
         data["problems"] = list(self.problems)
         data["age_ms"] = self.age_ms()
+        data["liveness"] = self.liveness
         if preview_chars is not None:
             data["value_preview"] = self.preview(preview_chars)
         return data
@@ -96,7 +109,7 @@ def _jsonable(value: Any) -> Any:
 # the fields a view shows as the record holds them
 _AS_RECORDED = (
     "tool_call_id", "tool", "idempotency_key", "owner", "attempt",
-    "begun_ms", "committed_ms", "ttl_ms", "stored",
+    "begun_ms", "committed_ms", "ttl_ms", "stored", "lease_ms", "since_renewal_ms",
 )  # fmt: skip
 
 
@@ -134,10 +147,13 @@ class ListFilter:
     status: str | None = None
     tool: str | None = None
     older_than_s: float | None = None
+    liveness: str | None = None  # "running" or "abandoned": pending records under a lease
 
     def accepts(self, view: RecordView, now_ms: int) -> bool:
         """Whether ``view`` passes the filter at ``now_ms``."""
         if self.status is not None and view.status != self.status:
+            return False
+        if self.liveness is not None and view.liveness != self.liveness:
             return False
         if self.tool is not None and view.tool != self.tool:
             return False

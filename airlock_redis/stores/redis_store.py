@@ -21,7 +21,7 @@ import asyncio
 import logging
 import os
 import shlex
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -44,6 +44,7 @@ from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
 from .loop_clients import LoopClients
 from .redis_clients import async_factory, decodes_responses, is_factory, url_of_client
 from .redis_io import REDIS_FAILURES, Command, Facts, MaxBulk, Read, Waited, async_io, blocking_io, one, tried
+from .renewals import renew_all
 from .replies import parse_begin, parse_record, parse_transition
 from .script_args import SHAS, ScriptArgs, ScriptCommand
 from .scripts import SCRIPT_NAMES, script_source
@@ -57,6 +58,8 @@ from .url import (
     parse_url,
     sync_client,
 )
+from .wakeups import AFTER_LEASE, Listener
+from .write_behind import CLOSE_TIMEOUT, WriteBehind
 
 T = TypeVar("T")
 
@@ -89,6 +92,12 @@ class RedisEffectStore:
     :mod:`.autopipe`); a call that finds nothing on its way is sent at once, alone. Blocking calls are
     always sent one by one.
 
+    ``write_behind=True`` (off by default): a commit, and a settle to unknown, is queued for a
+    background sender and the caller goes on without waiting for its reply (see
+    :mod:`.write_behind`): a call costs one round trip. A write that never lands (the process dies, or
+    Redis stays unreachable) leaves the record pending: retries are refused, the tool is never run
+    again. :meth:`flush` waits for the queued writes; :meth:`close` and interpreter exit flush them.
+
     Every command goes through the redis-py client's public API (``execute_command``, pipelines).
     Clients the store builds from ``url`` make one try per command and the store re-sends, seeing
     every try (see :mod:`.tries`); a client passed in keeps its own retry policy.
@@ -109,6 +118,7 @@ class RedisEffectStore:
         wait_replicas: int = 0,
         wait_timeout: float = 1.0,
         auto_pipeline: bool = True,
+        write_behind: bool = False,
     ) -> None:
         self.namespace = check_namespace(namespace)
         self.ttls = StatusTTLs(committed=committed_ttl, pending=pending_ttl, unknown=unknown_ttl)
@@ -163,6 +173,14 @@ class RedisEffectStore:
         self._io = blocking_io(lambda: self.client)
         self.auto_pipeline = auto_pipeline
         self._aio = async_io(self.async_client, self._pipelined if auto_pipeline else None)
+        # write_behind: commits and settles to unknown go to a background sender (see .write_behind),
+        # and every operation on a record first waits for this process's queued writes of it
+        self.write_behind = write_behind
+        self._behind = WriteBehind(lambda: self.client, self.async_client) if write_behind else None
+        self._wakeups: Listener | None = None  # made on the first wait (see .wakeups)
+        if self._behind is not None:
+            self._io = self._behind.guard_blocking(self._io)
+            self._aio = self._behind.guard_async(self._aio)
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> RedisEffectStore:
@@ -385,7 +403,13 @@ class RedisEffectStore:
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         """The attempt that owns the record marks it committed with the tool's encoded ``value`` (None:
-        ran, result not stored) and ``mac``. The contract: :meth:`airlock_redis.EffectStore.commit`."""
+        ran, result not stored) and ``mac``. The contract: :meth:`airlock_redis.EffectStore.commit`.
+
+        With ``write_behind``: queued, and OK at once (see :mod:`.write_behind`)."""
+        if self._behind is not None:
+            args = self._args.commit(request, attempt, value, mac)
+            if self._behind.put(*self._behind_write(request, "commit", args), self._tries()):
+                return TransitionResult.OK
         return parse_transition(
             drive(self._committing(request, attempt, value, mac, self._tries()), self._io)
         )
@@ -394,6 +418,10 @@ class RedisEffectStore:
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         """Coroutine form of :meth:`commit`."""
+        if self._behind is not None:
+            args = self._args.commit(request, attempt, value, mac)
+            if self._behind.aput(*self._behind_write(request, "commit", args), self._async_tries()):
+                return TransitionResult.OK
         plan = self._committing(request, attempt, value, mac, self._async_tries())
         return parse_transition(await adrive(plan, self._aio))
 
@@ -406,11 +434,22 @@ class RedisEffectStore:
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         """The owning attempt marks its pending record unknown, or releases it (a release is sent with
         its script: it applies even when it lands late). The contract:
-        :meth:`airlock_redis.EffectStore.settle`."""
+        :meth:`airlock_redis.EffectStore.settle`.
+
+        With ``write_behind``: a settle to unknown is queued, and OK at once; a release is always
+        sent and waited for (a retry it allows must be able to run at once, on any replica)."""
+        if self._behind is not None and settlement is Settlement.UNKNOWN:
+            args = self._args.settle(request, attempt, settlement)
+            if self._behind.put(*self._behind_write(request, "settle", args), self._tries()):
+                return TransitionResult.OK
         return parse_transition(drive(self._settling(request, attempt, settlement, self._tries()), self._io))
 
     async def asettle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         """Coroutine form of :meth:`settle`."""
+        if self._behind is not None and settlement is Settlement.UNKNOWN:
+            args = self._args.settle(request, attempt, settlement)
+            if self._behind.aput(*self._behind_write(request, "settle", args), self._async_tries()):
+                return TransitionResult.OK
         plan = self._settling(request, attempt, settlement, self._async_tries())
         return parse_transition(await adrive(plan, self._aio))
 
@@ -419,6 +458,24 @@ class RedisEffectStore:
     ) -> Plan[Any]:
         args = self._args.settle(request, attempt, settlement)
         return self._script("settle", request.tool_call_id, args, settlement is Settlement.RELEASE, tries)
+
+    def _behind_write(
+        self, request: BeginRequest, name: str, args: list[Any]
+    ) -> tuple[BeginRequest, str, bytes, ScriptCommand]:
+        """What a write-behind transition is queued as (its first try an EVALSHA, as sent directly)."""
+        key = self.key(request.tool_call_id)
+        what = "commit" if name == "commit" else "settle to unknown"
+        return request, what, key, ScriptCommand(name, key, args, False)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """With ``write_behind``: wait until every write queued so far has landed (or was given up
+        and logged), at most ``timeout`` seconds (None: no bound); True when they all have. Without
+        it there is nothing to wait for: True. In a coroutine, use :meth:`aflush`."""
+        return self._behind is None or self._behind.flush(timeout)
+
+    async def aflush(self, timeout: float | None = None) -> bool:
+        """Coroutine form of :meth:`flush`: the loop keeps running (its own sender included)."""
+        return self._behind is None or await self._behind.aflush(timeout)
 
     def resolve(
         self,
@@ -471,6 +528,65 @@ class RedisEffectStore:
             raise _not_a_string(tool_call_id, data)
         return parse_record(tool_call_id, data, int(pttl))
 
+    # -- waiting for a running attempt (see .wakeups) -------------------------------------------
+    @property
+    def can_wait(self) -> bool:
+        """Whether a call can wait here for a running attempt: the listener runs in a thread, on the
+        blocking client, which a store given only an asyncio client lacks."""
+        return self.keeps_leases
+
+    def _listener(self) -> Listener:
+        if self._wakeups is None:
+            self._wakeups = Listener(lambda: self.client.pubsub())  # noqa: PLW0108 - the client is made lazily
+        return self._wakeups
+
+    def wait_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Wait up to ``seconds`` for the attempt that runs ``request``'s call to end (woken by its
+        end, or when its lease would lapse unrenewed), then begin again: what begin answers then."""
+        waiter = self._listener().join(self.key(request.tool_call_id))
+        try:
+            if waiter.listening.wait(seconds):
+                lease_left = drive(self._waiting(request), self._io)
+                if lease_left is not None:
+                    waiter.woken.wait(min(seconds, lease_left + AFTER_LEASE))
+        finally:
+            self._listener().leave(waiter)
+        return self.begin(request)
+
+    async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Coroutine form of :meth:`wait_running`. Cancelled, it leaves nothing but the record's
+        flag that someone waits (the attempt's end then publishes once to nobody)."""
+        waiter = self._listener().join(self.key(request.tool_call_id), asyncio.get_running_loop())
+        try:
+            if await waiter.listening.await_(seconds):
+                lease_left = await adrive(self._waiting(request), self._aio)
+                if lease_left is not None:
+                    await waiter.woken.await_(min(seconds, lease_left + AFTER_LEASE))
+        finally:
+            self._listener().leave(waiter)
+        return await self.abegin(request)
+
+    def _waiting(self, request: BeginRequest) -> Plan[float | None]:
+        """Flag the record as waited for while its attempt runs (lua/wait.lua): the seconds its lease
+        has left, or None when it no longer runs (begin again at once)."""
+        reply = yield from self._script("wait", request.tool_call_id, [], False, self._tries())
+        if isinstance(reply, list) and reply and reply[0] == b"waiting":
+            return max(0.0, int(reply[1]) / 1000)
+        return None
+
+    # -- leases (see airlock_redis.lease) ---------------------------------------------------------
+    @property
+    def keeps_leases(self) -> bool:
+        """Whether leases can be renewed: they are sent from a thread, through the blocking client,
+        which a store given only an asyncio client lacks."""
+        return self._client is not None or self.url is not None
+
+    def renew_leases(self, requests: Sequence[BeginRequest]) -> list[TransitionResult | StoreError]:
+        """Renew the lease of each running attempt (``lua/renew.lua``), in one pipeline round trip:
+        OK, SUPERSEDED (the record is no longer the attempt's, or it ended), MISSING, or the
+        StoreError that kept it from being renewed (the next renewal is the retry)."""
+        return renew_all(self.client, [(self.key(r.tool_call_id), self._args.renew(r)) for r in requests])
+
     def ping(self) -> bool:
         """Whether the server answers PING (a StoreError when it cannot be reached)."""
         return bool(drive(self._command(("PING",), self._tries()), self._io))
@@ -482,14 +598,20 @@ class RedisEffectStore:
 
     def close(self) -> None:
         """Close the blocking client's connections (``with store:`` does this when the block ends);
-        a later call connects again."""
+        a later call connects again. With ``write_behind``, first wait for the queued writes to land
+        (at most ``write_behind.CLOSE_TIMEOUT``, 5 seconds; what is left is sent later, or at exit)."""
+        if self._behind is not None:
+            self._behind.close(CLOSE_TIMEOUT)
         if self._client is not None:
             self._client.close()
 
     # -- closing ----------------------------------------------------------------------------
     async def aclose(self) -> None:
         """Close the asyncio client of the running loop now (``asyncio.run`` closes the ones the store
-        made by itself when its loop ends)."""
+        made by itself when its loop ends). With ``write_behind``, the queued writes are flushed first
+        (at most ``write_behind.CLOSE_TIMEOUT``, 5 seconds)."""
+        if self._behind is not None:
+            await self.aflush(CLOSE_TIMEOUT)
         await self._loops.aclose_current()
 
 

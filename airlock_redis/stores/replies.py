@@ -48,6 +48,9 @@ def parse_begin(reply: Any) -> BeginOutcome:
         tool = _text(reply[4]) if len(reply) > 4 else ""
         key = unpack_id(reply[5], KEY_HEX) if len(reply) > 5 and isinstance(reply[5], bytes) else ""
         return BeginOutcome(kind, attempt, tool=tool or None, idempotency_key=key or None)
+    if kind is BeginKind.RUNNING or kind is BeginKind.ABANDONED:
+        lease, since = (int(reply[2]), int(reply[3])) if len(reply) > 3 else (None, None)
+        return BeginOutcome(kind, attempt, lease_ms=lease, since_renewal_ms=since)
     return BeginOutcome(kind, attempt)
 
 
@@ -97,4 +100,15 @@ def parse_record(tool_call_id: str, data: bytes | None, pttl: int) -> Record | N
         begun_ms=stored.begun_ms,
         committed_ms=stored.committed_ms,
         ttl_ms=pttl if pttl >= 0 else None,
+        lease_ms=stored.lease_ms,
+        since_renewal_ms=since_renewal(stored.ttl_ms, pttl),
     )
+
+
+def since_renewal(ttl_ms: int | None, pttl: int) -> int | None:
+    """Ms since a leased record was last renewed, from the TTL it was written with and its PTTL now
+    (the server's clock, as lua/common.lua's ``liveness``); None when it cannot be told (no lease, or
+    a TTL changed by hand)."""
+    if ttl_ms is None or pttl < 0 or pttl > ttl_ms:
+        return None
+    return ttl_ms - pttl

@@ -39,11 +39,12 @@ def tool_bytes(tool: str) -> bytes:
 class ScriptArgs:
     """Each script's arguments for one store (its TTLs, and the largest value its server takes)."""
 
-    __slots__ = ("committed_ms", "max_value_bytes", "pending_ms", "ttls", "unknown_ms")
+    __slots__ = ("committed_ms", "max_value_bytes", "pending", "pending_ms", "ttls", "unknown_ms")
 
     def __init__(self, ttls: StatusTTLs) -> None:
         self.ttls = ttls
-        self.pending_ms = str(ttls.millis(Status.PENDING)).encode()
+        self.pending = ttls.millis(Status.PENDING)
+        self.pending_ms = str(self.pending).encode()
         self.committed_ms = str(ttls.millis(Status.COMMITTED)).encode()
         self.unknown_ms = str(ttls.millis(Status.UNKNOWN)).encode()
         # proto-max-bulk-len of the primaries, once read (a larger value is committed without it)
@@ -53,9 +54,10 @@ class ScriptArgs:
         """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
         that a begin can write it with a plain ``SET NX PX`` (no script, the common case)."""
         owner, key = pack_token(request.token), pack_key(request.idempotency_key)
-        return pack_pending(owner, key, tool_bytes(request.tool), now_ms())
+        return pack_pending(owner, key, tool_bytes(request.tool), now_ms(), request.lease_ms, self.pending)
 
     def begin(self, request: BeginRequest) -> list[Any]:
+        lease = request.lease_ms
         return [
             pack_key(request.idempotency_key),
             tool_bytes(request.tool),
@@ -63,7 +65,12 @@ class ScriptArgs:
             b"1" if request.reversible else b"0",
             self.pending_ms,
             now_ms(),
+            b"" if lease is None else b"%d" % lease,
         ]
+
+    @staticmethod
+    def renew(request: BeginRequest) -> list[Any]:
+        return [pack_token(request.token)]
 
     def commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
