@@ -8,6 +8,7 @@ Public names (``__all__``): what tool authors and operators use, by what they us
 - Guarding tools: ``EffectGuard``, ``RedisEffectStore``, ``InMemoryEffectStore``, ``EffectStore``
   (the type of any store), ``tool_call_context``, ``CallContext``, ``current_call_context``,
   ``current_idempotency_key``, ``reversibility``, ``reversibility_of``, ``Reversibility``,
+  ``reconcile_with``, ``ProbeCall``, ``TookEffect``, ``NeverTookEffect`` (a tool's probe),
   ``GuardedCall`` and ``Execution`` (what ``guard.execute`` takes and returns), ``Airlock``,
   ``SecurityPolicy``, ``Approver``, ``ApprovalRequest``.
 - Errors that leave a call in doubt: ``DEFAULT_AMBIGUOUS_ERRORS``, ``AmbiguityRule``, ``Settlement``,
@@ -67,6 +68,7 @@ from .core.errors import (
 )
 from .core.gates import GuardedCall
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS
+from .core.probes import NeverTookEffect, ProbeCall, TookEffect, reconcile_with
 from .core.records import Record, Settlement, Status, TransitionResult
 from .core.reversibility import Reversibility, reversibility, reversibility_of
 from .guard import EffectGuard
@@ -110,6 +112,8 @@ __all__ = [
     "GuardedCall",
     "InMemoryEffectStore",
     "InvalidToolCallId",
+    "NeverTookEffect",
+    "ProbeCall",
     "Record",
     "RecordCorrupt",
     "RedisEffectStore",
@@ -122,6 +126,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TargetArgsRequired",
+    "TookEffect",
     "ToolCallIdRequired",
     "TransitionResult",
     "__version__",
@@ -131,6 +136,7 @@ __all__ = [
     "explain",
     "idempotency_key",
     "is_ambiguous",
+    "reconcile_with",
     "reversibility",
     "reversibility_of",
     "tool_call_context",

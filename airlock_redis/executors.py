@@ -21,6 +21,7 @@ from .core.call_machine import (
     Finish,
     GiveBack,
     Operation,
+    Probe,
     Refuse,
     Running,
     RunTool,
@@ -31,6 +32,7 @@ from .core.call_machine import (
 from .core.errors import EffectRefused, StoreError
 from .core.records import Settlement, TransitionResult
 from .lease import LeaseKeeper, Ticket
+from .probing import ask, ask_blocking, clock
 from .reporting import Reporter
 from .stores.base import DurableEffectStore, EffectStore, LeasingEffectStore, WaitingEffectStore
 
@@ -65,6 +67,7 @@ _STEPS = {
     Write: "_write",
     Secure: "_secure",
     Wait: "_wait",
+    Probe: "_probe",
     GiveBack: "_give_back",
     Ask: "_ask",
 }
@@ -143,6 +146,12 @@ class BlockingExecutor(_Executor):
         except BaseException as exc:  # interrupted while waiting: the begin after the wait may have landed
             return machine.begin_interrupted(exc)
         return self.report.woken(machine, machine.woken(outcome, time.monotonic() - started))
+
+    def _probe(self, machine: CallMachine, op: Probe, invoke: object, approver: object) -> Operation:
+        started = clock()
+        verdict = ask_blocking(op.probe, op.call, op.timeout)
+        self.report.probed(self.store, op, verdict, clock() - started)
+        return machine.probed(verdict)
 
     def _secure(self, machine: CallMachine, op: Secure, invoke: object, approver: object) -> Operation:
         assert self.durable is not None
@@ -232,6 +241,12 @@ class AsyncExecutor(_Executor):
         except BaseException as exc:  # cancelled while waiting: the begin after the wait may have landed
             return machine.begin_interrupted(exc)
         return self.report.woken(machine, machine.woken(outcome, time.monotonic() - started))
+
+    async def _probe(self, machine: CallMachine, op: Probe, invoke: object, approver: object) -> Operation:
+        started = clock()
+        verdict = await ask(op.probe, op.call, op.timeout)
+        self.report.probed(self.store, op, verdict, clock() - started)
+        return machine.probed(verdict)
 
     async def _secure(self, machine: CallMachine, op: Secure, invoke: object, approver: object) -> Operation:
         assert self.durable is not None

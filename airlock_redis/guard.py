@@ -24,6 +24,7 @@ from .core.codec import DEFAULT_MAX_RESULT_BYTES, encode_result, return_annotati
 from .core.errors import CorruptRecordError
 from .core.gates import GuardedCall, GuardOptions
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS, stream_items
+from .core.probes import Probe, probe_of
 from .core.records import Record, Settlement, Status, TransitionResult
 from .core.reversibility import reversibility_of
 from .core.signing import Signer, SigningKeys
@@ -56,6 +57,12 @@ def _any_annotation() -> Any:
     return Any
 
 
+def _positive(name: str, seconds: float) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 86_400:
+        raise ValueError(f"{name}= must be a number of seconds above 0 and at most a day, not {seconds!r}")
+    return float(seconds)
+
+
 def _name_of(fn: Callable[..., Any]) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
@@ -83,6 +90,7 @@ class EffectGuard:
         lease: float | None = DEFAULT_LEASE,
         renew_every: float | None = None,
         wait_for_running: float = 5.0,
+        probe_timeout: float = 10.0,
     ) -> None:
         if isinstance(target_args, str):
             target_args = (target_args,)
@@ -125,7 +133,9 @@ class EffectGuard:
             self._target,
             lease_ms,
             self.wait_for_running,
+            _positive("probe_timeout", probe_timeout),
         )
+        self.probe_timeout = float(probe_timeout)
         keeper = KEEPER if lease is not None else None
         self._blocking = BlockingExecutor(store_, self._durable, self._report, keeper, self.renew_every)
         self._async = AsyncExecutor(store_, self._durable, self._report, keeper, self.renew_every)
@@ -156,9 +166,18 @@ class EffectGuard:
         return f"EffectGuard(store={self.store!r})"
 
     # -- decorating ------------------------------------------------------------------------------
-    def wrap(self, fn: Callable[P, R], *, name: str | None = None) -> Callable[P, R]:
-        """Guard ``fn``. The call's id comes from :func:`~airlock_redis.tool_call_context`."""
+    def wrap(
+        self, fn: Callable[P, R], *, name: str | None = None, reconcile: Probe | None = None
+    ) -> Callable[P, R]:
+        """Guard ``fn``. The call's id comes from :func:`~airlock_redis.tool_call_context`.
+
+        ``reconcile``: the tool's probe (or the one ``fn`` was tagged with by
+        :func:`~airlock_redis.reconcile_with`): when the call is in doubt it is asked whether the
+        call took effect (see :mod:`airlock_redis.core.probes`)."""
         tool = name or getattr(fn, "__name__", None) or type(fn).__name__
+        if reconcile is not None and not callable(reconcile):
+            raise TypeError(f"reconcile= takes a probe function, not {reconcile!r}")
+        probe = reconcile if reconcile is not None else probe_of(fn)
         binder = ArgumentBinder(fn)
         annotation = _LazyAnnotation(fn)
 
@@ -171,6 +190,7 @@ class EffectGuard:
                 arguments=arguments,
                 reversibility=reversibility_of(wrapper),
                 passed=passed,
+                probe=probe,
             )
 
         if is_async_callable(fn):

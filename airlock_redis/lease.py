@@ -39,6 +39,8 @@ from .stores.base import LeasingEffectStore, WaitingEffectStore
 log = logging.getLogger("airlock_redis")
 
 _STOP_WAIT = 1.0  # seconds the exit hook waits for the thread
+
+
 # A guard's lease by default (seconds): above a failover (Sentinel's default down-after-milliseconds is
 # 30 s, plus the election) plus a renewal interval, so a call running through an ordinary failover is
 # not taken for abandoned. Renewed every third of it: tools shorter than 20 s send no renewal.

@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol
 from ._version import __version__
 
 EventName = Literal[
-    "started", "committed", "replayed", "refused", "unknown", "released", "resolved", "waited"
+    "started", "committed", "replayed", "refused", "unknown", "released", "resolved", "waited", "probed"
 ]
 EVENT_LOGGER = "airlock_redis.events"
 
@@ -71,6 +71,7 @@ class _Instruments:
                 ("unknown", "calls recorded unknown (effect in doubt)"),
                 ("released", "calls released after an error (may run again)"),
                 ("waited", "calls that waited for a running attempt of their id, then went on"),
+                ("probed", "calls in doubt whose tool's probe was asked, by verdict"),
             )
         }
         self.counters["resolved"] = meter.create_counter(
@@ -174,7 +175,7 @@ class Observer:
         if instruments is None:
             return
         attributes: dict[str, Any] = {"tool": tool}
-        if event in ("refused", "resolved"):
+        if event in ("refused", "resolved", "probed"):
             if reason is not None:
                 key = "reason" if event == "refused" else "verdict"
                 attributes[key] = reason

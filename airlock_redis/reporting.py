@@ -12,10 +12,12 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from .core.call_machine import CallMachine, Commit, Finish, Operation, Refuse, Wait, Write
+from .core.call_machine import CallMachine, Commit, Finish, Operation, Probe, Refuse, Wait, Write
 from .core.errors import CorruptRecordError, StoreError
+from .core.probes import Verdict
 from .core.records import BeginRequest, Settlement, Status, TransitionResult
 from .observability import GuardObserver
+from .probing import audit, said
 
 log = logging.getLogger("airlock_redis")
 
@@ -63,6 +65,24 @@ class Reporter:
             elif type(op) is not Refuse:
                 observer.call_event("started", request.tool, request.tool_call_id, attempt=machine.attempt)
         return op
+
+    def probed(self, store: object, op: Probe, verdict: Verdict, seconds: float) -> None:
+        """The tool's probe answered (or was given up on): logged, and written to the audit trail."""
+        call = op.call
+        log.info(
+            "airlock_redis: the probe of %s under tool_call_id=%r (%s) answered %s in %.3f s",
+            call.tool,
+            call.tool_call_id,
+            call.found,
+            said(verdict),
+            seconds,
+        )
+        audit(store, call, verdict, seconds)
+        if self.observer is not None:
+            reason = said(verdict)
+            self.observer.call_event(
+                "probed", call.tool, call.tool_call_id, reason=reason, attempt=call.attempt
+            )
 
     def begin_failed(self, op: Operation, error: StoreError) -> Operation:
         if self.observer is not None and not isinstance(error, CorruptRecordError):

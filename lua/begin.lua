@@ -4,6 +4,8 @@
 -- ARGV[3]  owner token of this attempt (packed)   ARGV[4]  "1" when the tool is reversible, else "0"
 -- ARGV[5]  pending TTL in ms                      ARGV[6]  now, ms since the epoch
 -- ARGV[7]  the lease of this attempt in ms ("" or absent: none; see common.lua, layout b)
+-- ARGV[8]  "1" when the tool (not reversible) has a probe: a record in doubt is taken for this attempt
+--          to ask it, answered {"probe", n, found}
 -- Returns {outcome, attempt, value, mac, tool, key}; value, mac, tool and key only where noted:
 --   {"started", n}                   this attempt owns the record (new, re-sent, or a reversible take-over)
 --   {"committed", n, value, mac}     an earlier attempt committed; value is absent when it was not storable
@@ -14,6 +16,9 @@
 --                                    tool is not reversible (a reversible one takes the record over)
 --   {"pending", n} / {"unknown", n}  an earlier attempt is in doubt (pending: no lease to tell whether
 --                                    it runs) and the tool is not reversible
+--   {"probe", n, found}              unknown or abandoned (found), and the tool has a probe: this attempt
+--                                    now owns the record (attempt n, pending under its lease) and asks
+--                                    the probe before its tool may run; others wait for it meanwhile
 --   {"mismatch", n, false, false, tool, key}  the id belongs to another tool or other arguments
 --   {"corrupt", n, false, false, why}  the key holds no well-formed record (another Redis type, or a
 --                                    string that does not parse): nothing is changed and the caller
@@ -29,7 +34,7 @@ local record = KEYS[1]
 local key, tool, token, reversible = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
 local pending_ttl = ttl_arg(ARGV[5])
 local now = digits_arg(ARGV[6], 15)
-local lease = ARGV[7]
+local lease, probes = ARGV[7], ARGV[8] == '1'
 if lease == '' then
   lease = nil
 elseif lease then
@@ -89,6 +94,10 @@ if live == 'live' then
 end
 if reversible then
   return start(attempt + 1, r)
+end
+if probes and (r.status == 'unknown' or live == 'lapsed') then
+  start(attempt + 1, r)
+  return {'probe', attempt + 1, r.status == 'unknown' and 'unknown' or 'abandoned'}
 end
 if live == 'lapsed' then
   return {'abandoned', attempt, tonumber(r.lease), since}

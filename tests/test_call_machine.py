@@ -24,6 +24,7 @@ from airlock_redis.core.call_machine import (
     Finish,
     GiveBack,
     MachineError,
+    Probe,
     Refuse,
     Reraise,
     Running,
@@ -48,6 +49,7 @@ from airlock_redis.core.errors import (
 )
 from airlock_redis.core.gates import GuardedCall, GuardOptions
 from airlock_redis.core.outcome import DEFAULT_AMBIGUOUS_ERRORS, give_back, stream_items
+from airlock_redis.core.probes import NeverTookEffect, TookEffect
 from airlock_redis.core.records import BeginKind, BeginOutcome, Settlement
 from airlock_redis.core.signing import Signer
 from airlock_redis.stores.durability import ReplicaWait
@@ -172,6 +174,55 @@ def test_a_lease_rides_on_the_run_operation() -> None:
     plain, _ = _begun()
     op = plain.begun(STARTED, durable=False)
     assert isinstance(op, RunTool) and op.lease is None
+
+
+def test_a_finder_asks_the_probe_and_writes_what_it_said() -> None:
+    found = BeginOutcome(BeginKind.PROBE, 2, found="abandoned")
+    # took effect: committed with the probe's value, which the caller gets
+    machine, begin = _probing()
+    op = machine.begun(found, durable=False)
+    assert isinstance(op, Probe) and op.call.found == "abandoned" and op.call.attempt == 2
+    assert op.call.idempotency_key == begin.request.idempotency_key and op.call.arguments["cents"] == 5
+    write = machine.probed(TookEffect({"charged": 5}))
+    assert isinstance(write, Write) and isinstance(write.step, Commit) and write.attempt == 2
+    done = machine.written()
+    assert isinstance(done, Finish) and done.execution.effect == "reconciled"
+    assert done.execution.value == {"charged": 5}
+    # never took effect: begun again (fenced on this attempt's token), then the tool runs
+    machine, begin = _probing()
+    machine.begun(found, durable=False)
+    assert machine.probed(NeverTookEffect()) == begin and machine.state is State.BEGINNING
+    assert isinstance(machine.begun(BeginOutcome(BeginKind.STARTED, 2), durable=False), RunTool)
+    # can't tell: back to unknown, refused
+    machine, _ = _probing()
+    machine.begun(found, durable=False)
+    write = machine.probed(None)
+    assert isinstance(write, Write) and write.step is Settlement.UNKNOWN
+    refused = machine.written()
+    assert isinstance(refused, Refuse) and isinstance(refused.refusal, EffectStatusUnknown)
+    assert "could not tell" in refused.refusal.message
+
+
+def test_the_attempt_asks_the_probe_after_an_error_that_leaves_it_in_doubt() -> None:
+    error = TimeoutError("the bank did not answer")
+    for answer, step, after in (
+        (TookEffect("done"), Commit, Finish),
+        (NeverTookEffect(), Settlement.RELEASE, Reraise),
+        (None, Settlement.UNKNOWN, Reraise),
+    ):
+        machine, _ = _probing()
+        machine.begun(STARTED, durable=False)
+        op = machine.raised(error)
+        assert isinstance(op, Probe) and op.call.found == "error" and machine.state is State.PROBING
+        write = machine.probed(answer)
+        assert isinstance(write, Write)
+        assert write.step is step if isinstance(step, Settlement) else isinstance(write.step, step)
+        assert isinstance(machine.written(), after)
+    # a plain error is released without asking; a cancellation is in doubt without asking
+    for plain in (ValueError("declined"), asyncio.CancelledError()):
+        machine, _ = _probing()
+        machine.begun(STARTED, durable=False)
+        assert isinstance(machine.raised(plain), Write)
 
 
 def test_a_bare_call_that_raises_reraises_without_a_write() -> None:
@@ -389,7 +440,31 @@ def _walk_every_path() -> set[tuple[State, Event, State]]:
     m, _ = _begun()
     step(m, Event.BEGIN_INTERRUPTED, m.begin_interrupted, KeyboardInterrupt())
     _walk_the_waits(step)
+    _walk_the_probes(step)
     return seen
+
+
+def _probing(rules: CallRules | None = None) -> tuple[CallMachine, Begin]:
+    machine = CallMachine(rules or _rules(), _call()._replace(probe=lambda call: None), lambda: Any)
+    op = machine.start(NOBODY)
+    assert isinstance(op, Begin) and op.request.probes
+    return machine, op
+
+
+def _walk_the_probes(step: Any) -> None:
+    found = BeginOutcome(BeginKind.PROBE, 2, found="unknown")
+    for answer in (TookEffect({"ok": 1}), NeverTookEffect(), None):
+        for durable in (False, True):
+            m, _ = _probing()
+            step(m, Event.BEGUN, m.begun, found, durable)
+            step(m, Event.PROBED, m.probed, answer)
+        m, _ = _probing()
+        step(m, Event.BEGUN, m.begun, STARTED, False)
+        step(m, Event.RAISED, m.raised, TimeoutError())
+        step(m, Event.PROBED, m.probed, answer)
+    m, _ = _probing(_rules(**WAITS))
+    step(m, Event.BEGUN, m.begun, RUNNING_ELSEWHERE, False)
+    step(m, Event.WOKEN, m.woken, found, 1.0)
 
 
 def _walk_the_waits(step: Any) -> None:

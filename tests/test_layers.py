@@ -22,6 +22,7 @@ LAYERS = {
     "observability": 1,
     "embedded": 1,
     "lease": 1,
+    "probing": 1,
     "executors": 2,
     "reporting": 2,
     "operator": 2,

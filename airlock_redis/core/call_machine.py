@@ -11,6 +11,10 @@ events, in one place. The states and the events each one takes::
                                                          running attempt, replay or refuse)
     WAITING --woken--> WAITING | RUNNING | SECURING | DONE (begun again once it ended, or the wait ran out)
     WAITING --begin_failed | begin_interrupted-->        (as from BEGINNING)
+    BEGINNING | WAITING --begun | woken--> PROBING       (in doubt, and the tool has a probe: ask it)
+    RUNNING --raised--> PROBING                          (an error that leaves it in doubt: ask first)
+    PROBING --probed--> BEGINNING | ENDING               (it never took effect: begin again, fenced on this
+                                                         attempt's token, then run; else write what it said)
     BEGINNING --begin_failed--> GIVING_BACK | DONE       (give back what may have landed, refuse)
     BEGINNING --begin_interrupted--> GIVING_BACK         (then re-raise the interruption)
     SECURING --secured--> RUNNING
@@ -35,16 +39,18 @@ from typing import Any, Generic, Literal, NamedTuple, TypeVar
 from . import refusals
 from .ambiguity import AmbiguityRule
 from .codec import decode_result, encode_result, revalidate
-from .decision import Replay, Run, decide
+from .decision import AskProbe, Replay, Run, decide
 from .errors import CorruptRecordError, EffectRefused, ResultDecodingError, ResultEncodingError, StoreError
 from .gates import GuardedCall, GuardOptions, Plan, plan
 from .outcome import give_back, gives_back_after_failed_begin, settlement_for_error, settlement_for_return
+from .probes import Found, NeverTookEffect, ProbeCall, TookEffect, Verdict
+from .probes import Probe as ProbeFn
 from .records import BeginKind, BeginOutcome, BeginRequest, RecordVersionError, Settlement
 from .signing import Signer
 
 T = TypeVar("T")
 
-Effect = Literal["executed", "replayed", "unguarded", "nested"]
+Effect = Literal["executed", "replayed", "unguarded", "nested", "reconciled"]
 # a wait with less time left than this is not started: the call is refused as still in progress
 _LEAST_WAIT = 0.01
 
@@ -59,6 +65,7 @@ class State(enum.Enum):
     SECURING = "securing"  # waiting until enough replicas hold the pending record (wait_replicas)
     RUNNING = "running"  # the tool body runs; this attempt owns the record
     RUNNING_BARE = "running_bare"  # the tool body runs without a record of its own
+    PROBING = "probing"  # the call is in doubt and this attempt holds the record: the tool's probe is asked
     ENDING = "ending"  # the attempt's last write (commit or settle) is sent
     GIVING_BACK = "giving_back"  # the release of a begin that may have landed is sent
     DONE = "done"
@@ -80,6 +87,7 @@ class Event(enum.Enum):
     RAISED = "raised"
     WRITTEN = "written"
     GIVEN_BACK = "given_back"
+    PROBED = "probed"
 
 
 S, E = State, Event
@@ -88,16 +96,17 @@ TRANSITIONS: dict[tuple[State, Event], frozenset[State]] = {
     (S.READY, E.START): frozenset({S.ASKING, S.BEGINNING, S.RUNNING_BARE, S.DONE}),
     (S.ASKING, E.APPROVED): frozenset({S.BEGINNING, S.RUNNING_BARE, S.DONE}),
     (S.ASKING, E.DENIED): frozenset({S.DONE}),
-    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.WAITING, S.DONE}),
+    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.WAITING, S.PROBING, S.DONE}),
     (S.BEGINNING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
     (S.BEGINNING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
-    (S.WAITING, E.WOKEN): frozenset({S.WAITING, S.RUNNING, S.SECURING, S.DONE}),
+    (S.WAITING, E.WOKEN): frozenset({S.WAITING, S.RUNNING, S.SECURING, S.PROBING, S.DONE}),
+    (S.PROBING, E.PROBED): frozenset({S.BEGINNING, S.ENDING}),
     (S.WAITING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
     (S.WAITING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
     (S.SECURING, E.SECURED): frozenset({S.RUNNING}),
     (S.SECURING, E.SECURE_FAILED): frozenset({S.ENDING}),
     (S.RUNNING, E.RETURNED): frozenset({S.ENDING}),
-    (S.RUNNING, E.RAISED): frozenset({S.ENDING}),
+    (S.RUNNING, E.RAISED): frozenset({S.ENDING, S.PROBING}),
     (S.RUNNING_BARE, E.RETURNED): frozenset({S.DONE}),
     (S.RUNNING_BARE, E.RAISED): frozenset({S.DONE}),
     (S.ENDING, E.WRITTEN): frozenset({S.DONE}),
@@ -117,7 +126,8 @@ class Execution(Generic[T]):
 
     value: T
     # executed: the tool ran; replayed: the stored value; unguarded: ran without a record (no id);
-    # nested: ran inside the guarded body of the same tool_call_id, covered by that call's record
+    # nested: ran inside the guarded body of the same tool_call_id, covered by that call's record;
+    # reconciled: the call was in doubt and the tool's probe said it took effect, with this value
     effect: Effect
     tool_call_id: str | None
     idempotency_key: str | None
@@ -135,6 +145,7 @@ class CallRules:
     target: str | None = ""  # how an operator reaches the store (for refusals' hints); None: in-process
     lease_ms: int | None = None  # each attempt's lease (None: records hold none; see airlock_redis.lease)
     wait_for_running: float = 0.0  # seconds a call waits for a running attempt of its id (0: refused)
+    probe_timeout: float = 10.0  # seconds a tool's probe may take (then: can't tell)
 
 
 class Running(NamedTuple):
@@ -175,6 +186,15 @@ class Wait(NamedTuple):
 
     request: BeginRequest
     seconds: float
+
+
+class Probe(NamedTuple):
+    """Ask the tool's probe about the call in doubt (at most ``timeout`` seconds; raising, or running
+    past it, counts as "can't tell"); then ``probed`` with its answer."""
+
+    probe: ProbeFn
+    call: ProbeCall
+    timeout: float
 
 
 class Secure(NamedTuple):
@@ -227,7 +247,7 @@ class Reraise(NamedTuple):
     error: BaseException
 
 
-Operation = Ask | Begin | Wait | Secure | RunTool | Write | GiveBack | Finish | Refuse | Reraise
+Operation = Ask | Begin | Wait | Probe | Secure | RunTool | Write | GiveBack | Finish | Refuse | Reraise
 Outcome = Finish | Refuse | Reraise
 
 
@@ -239,6 +259,7 @@ class CallMachine:
         "_after",
         "_durable",
         "_nested_key",
+        "_raised",
         "_wait_left",
         "annotation",
         "attempt",
@@ -262,6 +283,8 @@ class CallMachine:
         self._nested_key: str | None = None  # nested: the key of the call whose body this is
         self._durable = False  # the begin's durable, kept for the begin after a wait
         self._wait_left = 0.0  # seconds the call may still wait for a running attempt
+        # probing after the tool raised: the error, and whether an integration wants a refusal for it
+        self._raised: tuple[BaseException, bool] | None = None
         self.t_run = 0.0  # set by the executor when the tool starts (for the observer's durations)
         self.ticket: object | None = None  # the executor's hold on the lease while the tool runs
         self.plan: Plan | None
@@ -326,6 +349,7 @@ class CallMachine:
             os.urandom(16).hex(),
             self.call.reversibility.may_run_again,
             self.rules.lease_ms,
+            self.call.probe is not None and not self.call.reversibility.may_run_again,
         )
         self._go(event, State.BEGINNING)
         return Begin(self.request)
@@ -337,6 +361,9 @@ class CallMachine:
             self._durable, self._wait_left = durable, self.rules.wait_for_running
             self._go(Event.BEGUN, State.WAITING)
             assert self.request is not None
+            # a call that waited does not ask the probe after: the attempt it waited for asked it (a
+            # prober, or an attempt whose own error it probed), so concurrent finders ask it once
+            self.request = self.request._replace(probes=False)
             return Wait(self.request, self._wait_left)
         return self._decided(Event.BEGUN, outcome, durable)
 
@@ -361,6 +388,10 @@ class CallMachine:
                 return Secure(request)
             self._go(event, State.RUNNING)
             return self._run()
+        if isinstance(decision, AskProbe):
+            self.attempt, self._durable = decision.attempt, durable
+            self._go(event, State.PROBING)
+            return self._probe("abandoned" if outcome.found == "abandoned" else "unknown")
         self._go(event, State.DONE)
         tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
         if isinstance(decision, Replay):
@@ -467,23 +498,77 @@ class CallMachine:
         if self.state is State.RUNNING_BARE:
             self._go(Event.RAISED, State.DONE)
             return Reraise(error)
-        self._go(Event.RAISED, State.ENDING)
         request = self.request
         assert request is not None
         settlement = settlement_for_error(error, self.rules.ambiguity)
-        if (
-            refuse_in_doubt
-            and settlement is Settlement.UNKNOWN
+        in_doubt = (
+            settlement is Settlement.UNKNOWN
             and isinstance(error, Exception)
             and not self.call.reversibility.may_run_again
-        ):
-            refusal = refusals.in_doubt_after_error(
-                request.tool, request.tool_call_id, request.idempotency_key, error, self.rules.target
-            )
-            self._after = Refuse(refusal, error)
-        else:
-            self._after = Reraise(error)
+        )
+        if in_doubt and request.probes:  # ask the backend before leaving it in doubt
+            self._go(Event.RAISED, State.PROBING)
+            self._raised = (error, refuse_in_doubt)
+            return self._probe("error")
+        self._go(Event.RAISED, State.ENDING)
+        self._after = self._in_doubt(error) if in_doubt and refuse_in_doubt else Reraise(error)
         return Write(request, self.attempt, settlement)
+
+    def _in_doubt(self, error: BaseException) -> Refuse:
+        request = self.request
+        assert request is not None
+        refusal = refusals.in_doubt_after_error(
+            request.tool, request.tool_call_id, request.idempotency_key, error, self.rules.target
+        )
+        return Refuse(refusal, error)
+
+    # -- reconciling with the backend (the tool's probe) ----------------------------------------
+    def _probe(self, found: Found) -> Probe:
+        request, probe = self.request, self.call.probe
+        assert request is not None and probe is not None
+        call = ProbeCall(
+            request.tool,
+            request.tool_call_id,
+            request.idempotency_key,
+            self.call.arguments,
+            self.attempt,
+            found,
+        )
+        return Probe(probe, call, self.rules.probe_timeout)
+
+    def probed(self, answer: Verdict) -> Operation:
+        """The probe answered (None: it could not tell, raised, or ran out of time). Took effect: the
+        record is committed with its value, which the caller gets; never took effect: the tool runs
+        now (asked by a later call), or the record is released (asked after the tool's own error);
+        can't tell: in doubt, as without a probe."""
+        request = self.request
+        assert request is not None
+        raised, self._raised = self._raised, None
+        if isinstance(answer, TookEffect):
+            self._go(Event.PROBED, State.ENDING)
+            self._after = Finish(
+                Execution(
+                    answer.value, "reconciled", request.tool_call_id, request.idempotency_key, self.attempt
+                )
+            )
+            return Write(request, self.attempt, self._sealed(answer.value))
+        if isinstance(answer, NeverTookEffect):
+            if raised is not None:  # the tool's own error left nothing: release, and give it back
+                self._go(Event.PROBED, State.ENDING)
+                self._after = Reraise(raised[0])
+                return Write(request, self.attempt, Settlement.RELEASE)
+            # begin again with this attempt's token before the tool runs: it answers started while
+            # the record is still this attempt's, and what the record holds now if an operator's
+            # verdict came meanwhile (which must not be run over)
+            self._go(Event.PROBED, State.BEGINNING)
+            return Begin(request)
+        self._go(Event.PROBED, State.ENDING)
+        if raised is not None:
+            error, refuse = raised
+            self._after = self._in_doubt(error) if refuse else Reraise(error)
+        else:
+            self._after = Refuse(refusals.backend_cannot_tell(request, self.attempt, self.rules.target))
+        return Write(request, self.attempt, Settlement.UNKNOWN)
 
     def written(self) -> Outcome:
         """The store answered the last write (whatever it answered: the tool has run, or will not)."""

@@ -8,6 +8,7 @@
 | pending (no lease) or unknown      | refuse effect_status_unknown| run again           |
 | pending, its lease lapsed          | refuse effect_status_unknown| run again           |
 | pending, its lease renewed: running| refuse effect_in_progress   | same                |
+| in doubt, the tool has a probe     | ask the probe (PROBE)       | (runs again)        |
 | other tool or other arguments      | refuse policy_violation     | same                |
 
 A record held under a lease (``EffectGuard(lease=...)``) tells a running attempt (renewed within its
@@ -43,7 +44,13 @@ class Refuse(NamedTuple):
     detail: BeginOutcome
 
 
-Decision = Run | Replay | Refuse
+class AskProbe(NamedTuple):
+    """In doubt, and this attempt holds the record: ask the tool's probe before anything else."""
+
+    attempt: int
+
+
+Decision = Run | Replay | Refuse | AskProbe
 
 
 def decide(outcome: BeginOutcome) -> Decision:
@@ -58,6 +65,8 @@ def decide(outcome: BeginOutcome) -> Decision:
         return Refuse("policy_violation", outcome)
     if kind is BeginKind.RUNNING:
         return Refuse("effect_in_progress", outcome)
+    if kind is BeginKind.PROBE:
+        return AskProbe(outcome.attempt)
     # pending, abandoned or unknown: the store takes a reversible call over and answers STARTED, so reaching
     # this line means the earlier attempt's effect is in doubt and this tool must not run again.
     return Refuse("effect_status_unknown", outcome)

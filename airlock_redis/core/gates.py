@@ -10,6 +10,7 @@ from . import refusals
 from .canonical import idempotency_key
 from .errors import InvalidToolCallId
 from .ids import describe_missing_id, usable_tool_call_id
+from .probes import Probe
 from .reversibility import Reversibility
 
 
@@ -21,6 +22,7 @@ class GuardedCall(NamedTuple):
     arguments: Mapping[str, Any]  # by parameter name, defaults applied
     reversibility: Reversibility
     passed: Collection[str] = frozenset()  # names the caller passed explicitly
+    probe: Probe | None = None  # asks the backend whether the call took effect, when it is in doubt
 
 
 @dataclass(frozen=True, slots=True)

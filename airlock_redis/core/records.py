@@ -42,6 +42,7 @@ class BeginKind(Word):
     UNKNOWN = "unknown"  # an earlier attempt ended in doubt
     RUNNING = "running"  # an earlier attempt holds the record under a lease it renews: it is running
     ABANDONED = "abandoned"  # an earlier attempt's lease lapsed: gone or hung, its effect in doubt
+    PROBE = "probe"  # in doubt, and this attempt (whose tool has a probe) took the record to ask it
     MISMATCH = "mismatch"  # the id was used for another tool or other arguments
 
 
@@ -86,6 +87,9 @@ class BeginRequest(NamedTuple):
     # ms the attempt promises to renew its record within while its tool runs (see airlock_redis.lease);
     # None: no lease, the record cannot tell a running attempt from a lost one
     lease_ms: int | None = None
+    # the tool may not run again and has a probe: a record in doubt (unknown, or abandoned) is taken
+    # over for this attempt to ask the probe (PROBE), rather than refused
+    probes: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +108,7 @@ class BeginOutcome:
     idempotency_key: str | None = None  # mismatch: the key the record belongs to
     lease_ms: int | None = None  # running, abandoned: the earlier attempt's lease
     since_renewal_ms: int | None = None  # running, abandoned: ms since its record was last renewed
+    found: str | None = None  # probe: what the record was ("unknown" or "abandoned")
 
 
 @dataclass(frozen=True, slots=True)

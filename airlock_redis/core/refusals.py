@@ -78,6 +78,20 @@ def for_begin(
     return status_unknown(tool, tool_call_id, key, outcome, target)
 
 
+def backend_cannot_tell(request: BeginRequest, attempt: int, target: str | None = "") -> EffectStatusUnknown:
+    """In doubt, and the tool's probe could not tell (it answered None, raised, or ran out of time)."""
+    tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
+    return EffectStatusUnknown(
+        f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} may already have taken effect "
+        f"(attempt {attempt}), and its backend could not tell (the tool's probe gave no answer): the tool "
+        "is not reversible.",
+        tool=tool,
+        tool_call_id=tool_call_id,
+        idempotency_key=key,
+        fix_hint=_ask_backend(tool_call_id, key, target),
+    )
+
+
 def in_progress(
     tool: str, tool_call_id: str, key: str, outcome: BeginOutcome, target: str | None = ""
 ) -> EffectInProgress:

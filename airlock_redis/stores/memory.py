@@ -223,13 +223,17 @@ class InMemoryEffectStore:
             lease = row.lease_ms
             if since is not None and lease is not None and since <= lease:
                 return BeginOutcome(BeginKind.RUNNING, row.attempt, lease_ms=lease, since_renewal_ms=since)
-            if request.reversible:
+            probe = request.probes and (row.status is Status.UNKNOWN or since is not None)
+            if request.reversible or probe:
+                found = "unknown" if row.status is Status.UNKNOWN else "abandoned"
                 row.status = Status.PENDING
                 row.owner = request.token
                 row.attempt += 1
                 row.begun_ms = _wall_ms()
                 row.lease_ms = request.lease_ms
                 self._keep(row, now)
+                if probe and not request.reversible:
+                    return BeginOutcome(BeginKind.PROBE, row.attempt, found=found)
                 return BeginOutcome(BeginKind.STARTED, row.attempt)
             if since is not None:
                 return BeginOutcome(BeginKind.ABANDONED, row.attempt, lease_ms=lease, since_renewal_ms=since)

@@ -48,6 +48,8 @@ def parse_begin(reply: Any) -> BeginOutcome:
         tool = _text(reply[4]) if len(reply) > 4 else ""
         key = unpack_id(reply[5], KEY_HEX) if len(reply) > 5 and isinstance(reply[5], bytes) else ""
         return BeginOutcome(kind, attempt, tool=tool or None, idempotency_key=key or None)
+    if kind is BeginKind.PROBE:
+        return BeginOutcome(kind, attempt, found=_text(reply[2]) if len(reply) > 2 else "unknown")
     if kind is BeginKind.RUNNING or kind is BeginKind.ABANDONED:
         lease, since = (int(reply[2]), int(reply[3])) if len(reply) > 3 else (None, None)
         return BeginOutcome(kind, attempt, lease_ms=lease, since_renewal_ms=since)

@@ -66,6 +66,7 @@ class ScriptArgs:
             self.pending_ms,
             now_ms(),
             b"" if lease is None else b"%d" % lease,
+            b"1" if request.probes else b"0",
         ]
 
     @staticmethod
