@@ -34,7 +34,15 @@ from agents.exceptions import UserError
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
 
-from airlock_redis import EffectGuard, EffectStore, Status, idempotency_key, reversibility
+from airlock_redis import (
+    EffectGuard,
+    EffectStore,
+    ProbeCall,
+    Status,
+    TookEffect,
+    idempotency_key,
+    reversibility,
+)
 from airlock_redis.core.errors import MODEL_MESSAGES
 from airlock_redis.core.reversibility import ReversibilityName
 from airlock_redis.integrations.openai_agents import guard_tools
@@ -447,3 +455,24 @@ def test_importing_the_integration_without_the_sdk_names_the_extra() -> None:
         "    print(exc)\n"
     )
     assert "pip install 'airlock-redis[openai-agents]'" in message
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_probe_mapped_by_tool_name_reconciles_the_first_timeout(mode: str, guard: EffectGuard) -> None:
+    """``guard_tools(..., reconcile={"refund": probe})``: the refund timed out, the probe finds it
+    at the payments backend, and the model reads the refund's result, not a refusal; the record is
+    committed with it."""
+    runs: list[str] = []
+    asked: list[tuple[str, str]] = []
+
+    def lookup(call: ProbeCall) -> TookEffect:
+        asked.append((call.tool_call_id, call.found))
+        return TookEffect(f"refunded {call.arguments['order']}")
+
+    tools = guard_tools([make_refund(mode, runs, fail_first=True)], guard, reconcile={"refund": lookup})
+    result = run(mode, Agent(name="ops", model=calls_refund("call_p", "o9"), tools=tools), "refund o9")
+    assert outputs(result) == ["refunded o9"] and runs == ["o9"] and asked == [("call_p", "error")]
+    record = guard.store.get("call_p")
+    assert record is not None and record.status is Status.COMMITTED
+    with pytest.raises(TypeError, match="probe function"):
+        guard_tools([make_refund(mode, runs)], guard, reconcile={"refund": "not a probe"})  # type: ignore[dict-item]

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from ..context import refusing_in_doubt
 from ..core.errors import EffectRefused
+from ..core.probes import Probe, reconcile_with
 from ..core.reversibility import (
     TAG_ATTRIBUTE,
     Reversibility,
@@ -79,6 +80,22 @@ def reversibility_levels(mapping: ReversibilityMap | None) -> dict[str, Reversib
     return levels
 
 
+ProbeMap: TypeAlias = Mapping[str, Probe]
+"""Tool name -> its probe (see :mod:`airlock_redis.core.probes`): asked when a call of it is in doubt."""
+
+
+def probe_map(mapping: ProbeMap | None) -> dict[str, Probe]:
+    """Check a ``reconcile=`` mapping once; a bad name or probe raises here, not at call time."""
+    probes: dict[str, Probe] = {}
+    for name, probe in (mapping or {}).items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"reconcile= maps tool names (non-empty str) to probes, not {name!r}")
+        if not callable(probe):
+            raise TypeError(f"reconcile[{name!r}] must be a probe function, not {probe!r}")
+        probes[name] = probe
+    return probes
+
+
 def tag_of(source: Any) -> Reversibility | None:
     """The ``@reversibility`` tag found on ``source`` or along its ``__wrapped__`` chain, or None
     when it has none (where :func:`reversibility_of` would say irreversible)."""
@@ -102,9 +119,15 @@ class GuardedToolCalls:
     to :meth:`level_of` (untagged: irreversible).
     """
 
-    def __init__(self, guard: EffectGuard, reversibility: ReversibilityMap | None = None) -> None:
+    def __init__(
+        self,
+        guard: EffectGuard,
+        reversibility: ReversibilityMap | None = None,
+        reconcile: ProbeMap | None = None,
+    ) -> None:
         self.guard = guard
         self.levels = reversibility_levels(reversibility)
+        self.probes = probe_map(reconcile)
         self._runners: dict[tuple[str, Reversibility, bool], Callable[..., Any]] = {}
 
     def level_of(self, tool: str, *sources: Any) -> Reversibility:
@@ -161,6 +184,9 @@ class GuardedToolCalls:
         runner = self._runners.get(key)
         if runner is None:
             runner = _make_runner(tool, level, asynchronous)
+            probe = self.probes.get(tool)
+            if probe is not None:
+                runner = reconcile_with(probe)(runner)
             self._runners[key] = runner
         return runner
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..core.codec import encode_result
 from ..core.errors import EffectRefused, ResultEncodingError
 from ..core.reversibility import Reversibility
-from ._common import GuardedToolCalls, ReversibilityMap, framework_missing, refusal_text
+from ._common import GuardedToolCalls, ProbeMap, ReversibilityMap, framework_missing, refusal_text
 
 try:
     from langchain.agents.middleware import AgentMiddleware, AgentState, ToolCallRequest
@@ -68,6 +68,7 @@ class EffectGuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
     tools you do not own; otherwise a tool takes the ``@reversibility`` tag on the function under
     ``@tool`` (untagged: irreversible). ``on_refusal="message"`` answers a refusal with an error
     ToolMessage for the model; ``"raise"`` raises the :class:`~airlock_redis.EffectRefused`.
+    ``reconcile`` maps tool names to probes, asked when a call is in doubt (docs/in-doubt.md).
     """
 
     def __init__(
@@ -76,13 +77,14 @@ class EffectGuardMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         *,
         reversibility: ReversibilityMap | None = None,
         on_refusal: OnRefusal = "message",
+        reconcile: ProbeMap | None = None,
     ) -> None:
         super().__init__()
         if on_refusal not in ("message", "raise"):
             raise ValueError(f"on_refusal must be 'message' or 'raise', not {on_refusal!r}")
         self.guard = guard
         self.on_refusal: OnRefusal = on_refusal
-        self._calls = GuardedToolCalls(guard, reversibility)
+        self._calls = GuardedToolCalls(guard, reversibility, reconcile)
 
     def wrap_tool_call(
         self,

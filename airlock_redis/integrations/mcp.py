@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ..core.errors import EffectRefused, ToolCallIdRequired
-from ._common import GuardedToolCalls, ReversibilityMap, install_hint, refusal_text
+from ._common import GuardedToolCalls, ProbeMap, ReversibilityMap, install_hint, refusal_text
 
 try:
     from mcp.client import Client, ClientSession
@@ -134,7 +134,11 @@ def tool_call_id_from(context: Context[Any, Any]) -> Any:
 
 
 def guard_server(
-    server: MCPServer[Any], guard: EffectGuard, *, reversibility: ReversibilityMap | None = None
+    server: MCPServer[Any],
+    guard: EffectGuard,
+    *,
+    reversibility: ReversibilityMap | None = None,
+    reconcile: ProbeMap | None = None,
 ) -> list[str]:
     """Guard every tool registered on ``server`` so far; returns the names of those it guarded now.
 
@@ -145,6 +149,7 @@ def guard_server(
     :class:`ToolError`, so the client gets an ``isError`` result whose text says what happened and
     what to do. A tool already wrapped with ``guard.wrap`` still gives one record and one execution.
     Tools registered later are not guarded (call this again: guarded tools are skipped).
+    ``reconcile`` maps tool names to probes, asked when a call is in doubt (docs/in-doubt.md).
 
     Works on the tools MCPServer 2.3 keeps (its ``_tool_manager``): the ``mcp`` extra pins that.
     Raises TypeError when ``server`` has no such tools, and ValueError (guarding none) when a tool
@@ -155,7 +160,7 @@ def guard_server(
         raise TypeError(
             f"guard_server needs an mcp.server.mcpserver.MCPServer (mcp 2.3), not {type(server).__name__}"
         )
-    calls = GuardedToolCalls(guard, reversibility)
+    calls = GuardedToolCalls(guard, reversibility, reconcile)
     tools = [tool for tool in cast(list[Tool], manager.list_tools()) if not hasattr(tool.fn, _GUARDED_MARK)]
     for tool in tools:
         if _CONTEXT_KWARG in tool.parameters.get("properties", {}):

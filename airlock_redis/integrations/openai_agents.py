@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import EffectRefused
-from ._common import GuardedToolCalls, ReversibilityMap, framework_missing, refusal_text
+from ._common import GuardedToolCalls, ProbeMap, ReversibilityMap, framework_missing, refusal_text
 
 try:
     from agents import FunctionTool, Tool
@@ -43,7 +43,11 @@ __all__ = ["guard_tools"]
 
 
 def guard_tools(
-    tools: Iterable[Tool], guard: EffectGuard, *, reversibility: ReversibilityMap | None = None
+    tools: Iterable[Tool],
+    guard: EffectGuard,
+    *,
+    reversibility: ReversibilityMap | None = None,
+    reconcile: ProbeMap | None = None,
 ) -> list[Tool]:
     """Return copies of ``tools`` whose calls run at most once through ``guard``.
 
@@ -52,9 +56,10 @@ def guard_tools(
     ``@function_tool`` (or on the FunctionTool itself; untagged: irreversible). Only function tools
     run in this process, so anything else (a hosted tool) is a TypeError: pass it to the Agent as is.
     The list is typed ``list[Tool]`` so that it goes straight into ``Agent(tools=...)``; each item
-    is a :class:`~agents.FunctionTool`.
+    is a :class:`~agents.FunctionTool`. ``reconcile`` maps tool names to probes, asked when a call
+    is in doubt (docs/in-doubt.md).
     """
-    calls = GuardedToolCalls(guard, reversibility)
+    calls = GuardedToolCalls(guard, reversibility, reconcile)
     guarded: list[Tool] = []
     for tool in tools:
         if not isinstance(tool, FunctionTool):
