@@ -146,6 +146,8 @@ class Tool:
         self, guard: EffectGuard, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[GuardedCall, Plan]:
         call = self.describe(args, kwargs)
+        if guard.dedupe is not None:  # the guard's dedupe= (see docs/in-doubt.md, "Dedupe across ids")
+            call = call._replace(dedupe=guard.dedupe)
         return call, plan(call, guard.options)
 
 

@@ -17,16 +17,20 @@ from .core.call_machine import (
     Ask,
     Begin,
     CallMachine,
+    Claim,
     Execution,
     Finish,
     GiveBack,
     Operation,
     Probe,
+    ReadHolder,
     Refuse,
     Running,
     RunTool,
     Secure,
+    Unclaim,
     Wait,
+    WaitHolder,
     Write,
 )
 from .core.errors import EffectRefused, StoreError
@@ -34,7 +38,13 @@ from .core.records import Settlement, TransitionResult
 from .lease import LeaseKeeper, Ticket
 from .probing import ask, ask_blocking, clock
 from .reporting import Reporter
-from .stores.base import DurableEffectStore, EffectStore, LeasingEffectStore, WaitingEffectStore
+from .stores.base import (
+    DedupingEffectStore,
+    DurableEffectStore,
+    EffectStore,
+    LeasingEffectStore,
+    WaitingEffectStore,
+)
 
 log = logging.getLogger("airlock_redis")
 
@@ -70,11 +80,15 @@ _STEPS = {
     Probe: "_probe",
     GiveBack: "_give_back",
     Ask: "_ask",
+    Claim: "_claim",
+    ReadHolder: "_read_holder",
+    WaitHolder: "_wait_holder",
+    Unclaim: "_unclaim",
 }
 
 
 class _Executor:
-    __slots__ = ("_steps", "durable", "leases", "renew_every", "report", "store", "waits")
+    __slots__ = ("_steps", "durable", "index", "leases", "renew_every", "report", "store", "waits")
 
     def __init__(
         self,
@@ -93,6 +107,8 @@ class _Executor:
         # the store as one a call can wait in for a running attempt (the guard's wait_for_running
         # is 0 when it cannot, so the machine never asks then)
         self.waits = cast(WaitingEffectStore, store)
+        # the store as one that keeps the dedupe index (the guard refuses dedupe= on any other)
+        self.index = cast(DedupingEffectStore, store)
         # the bound methods, looked up once: the loop dispatches on the operation's type
         self._steps: dict[type, Any] = {op: getattr(self, name) for op, name in _STEPS.items()}
 
@@ -201,6 +217,48 @@ class BlockingExecutor(_Executor):
             return machine.denied(refusal)
         return machine.approved(running_now())
 
+    def _claim(self, machine: CallMachine, op: Claim, invoke: object, approver: object) -> Operation:
+        try:
+            holder = self.index.claim(op.request, op.expected)
+        except Exception as exc:
+            error = as_store_error(exc)
+            return self.report.begin_failed(machine.claim_failed(error), error)
+        except BaseException as exc:  # interrupted while the claim ran: it may have landed
+            return machine.interrupted(exc)
+        return machine.claimed() if holder is None else machine.held(holder)
+
+    def _read_holder(
+        self, machine: CallMachine, op: ReadHolder, invoke: object, approver: object
+    ) -> Operation:
+        try:
+            record = self.store.get(op.holder.tool_call_id)
+        except Exception as exc:
+            error = as_store_error(exc)
+            return self.report.begin_failed(machine.check_failed(error), error)
+        except BaseException as exc:
+            return machine.interrupted(exc)
+        return machine.holder_seen(record)
+
+    def _wait_holder(
+        self, machine: CallMachine, op: WaitHolder, invoke: object, approver: object
+    ) -> Operation:
+        started = time.monotonic()
+        try:
+            self.index.wait_ended(op.holder.tool_call_id, op.seconds)
+        except Exception as exc:
+            error = as_store_error(exc)
+            return self.report.begin_failed(machine.check_failed(error), error)
+        except BaseException as exc:
+            return machine.interrupted(exc)
+        return machine.holder_ended(time.monotonic() - started)
+
+    def _unclaim(self, machine: CallMachine, op: Unclaim, invoke: object, approver: object) -> Operation:
+        try:
+            self.index.unclaim(op.request, op.keep)
+        except Exception as exc:  # the entry lapses with its TTL; its record is the authority meanwhile
+            self.report.unclaimed_failed(op.request, as_store_error(exc))
+        return machine.unclaimed()
+
 
 class AsyncExecutor(_Executor):
     """Carries a call of an async tool out. A cancellation while the store is reached never leaves
@@ -304,6 +362,53 @@ class AsyncExecutor(_Executor):
         except EffectRefused as refusal:
             return machine.denied(refusal)
         return machine.approved(running_now())
+
+    async def _claim(self, machine: CallMachine, op: Claim, invoke: object, approver: object) -> Operation:
+        try:
+            holder = await self.index.aclaim(op.request, op.expected)
+        except Exception as exc:
+            error = as_store_error(exc)
+            return self.report.begin_failed(machine.claim_failed(error), error)
+        except BaseException as exc:  # cancelled while the claim ran: it may have landed
+            return machine.interrupted(exc)
+        return machine.claimed() if holder is None else machine.held(holder)
+
+    async def _read_holder(
+        self, machine: CallMachine, op: ReadHolder, invoke: object, approver: object
+    ) -> Operation:
+        try:
+            record = await self.store.aget(op.holder.tool_call_id)
+        except Exception as exc:
+            error = as_store_error(exc)
+            return self.report.begin_failed(machine.check_failed(error), error)
+        except BaseException as exc:
+            return machine.interrupted(exc)
+        return machine.holder_seen(record)
+
+    async def _wait_holder(
+        self, machine: CallMachine, op: WaitHolder, invoke: object, approver: object
+    ) -> Operation:
+        started = time.monotonic()
+        try:
+            await self.index.await_ended(op.holder.tool_call_id, op.seconds)
+        except Exception as exc:
+            error = as_store_error(exc)
+            return self.report.begin_failed(machine.check_failed(error), error)
+        except BaseException as exc:
+            return machine.interrupted(exc)
+        return machine.holder_ended(time.monotonic() - started)
+
+    async def _unclaim(
+        self, machine: CallMachine, op: Unclaim, invoke: object, approver: object
+    ) -> Operation:
+        async def unclaim() -> None:
+            try:
+                await self.index.aunclaim(op.request, op.keep)
+            except Exception as exc:  # the entry lapses with its TTL; its record is the authority
+                self.report.unclaimed_failed(op.request, as_store_error(exc))
+
+        await _shielded(unclaim)
+        return machine.unclaimed()
 
 
 async def _shielded(send: Callable[[], Awaitable[Any]]) -> None:

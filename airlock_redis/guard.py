@@ -22,7 +22,7 @@ from .core.callables import is_async_callable
 from .core.canonical import ArgumentBinder
 from .core.codec import DEFAULT_MAX_RESULT_BYTES, encode_result, return_annotation
 from .core.errors import CorruptRecordError
-from .core.gates import GuardedCall, GuardOptions
+from .core.gates import DEDUPE_MODES, Dedupe, GuardedCall, GuardOptions
 from .core.outcome import DEFAULT_AMBIGUOUS_ERRORS, stream_items
 from .core.probes import Probe, probe_of
 from .core.records import Record, Settlement, Status, TransitionResult
@@ -34,7 +34,7 @@ from .executors import AsyncExecutor, BlockingExecutor
 from .lease import DEFAULT_LEASE, KEEPER, lease_settings, wait_setting
 from .observability import GuardObserver
 from .reporting import Reporter
-from .stores.base import DurableEffectStore, EffectStore, RemoteEffectStore
+from .stores.base import DedupingEffectStore, DurableEffectStore, EffectStore, RemoteEffectStore
 from .stores.memory import InMemoryEffectStore
 from .stores.registry import store_from_url
 
@@ -61,6 +61,24 @@ def _positive(name: str, seconds: float) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 < seconds <= 86_400:
         raise ValueError(f"{name}= must be a number of seconds above 0 and at most a day, not {seconds!r}")
     return float(seconds)
+
+
+# wrap(dedupe=...) not given: the guard's own
+_GUARD_DEFAULT: Any = object()
+
+
+def _dedupe_setting(store: EffectStore, dedupe: Any) -> Dedupe | None:
+    """``dedupe=`` checked: None, "in_doubt" or "always", on a store that keeps the index."""
+    if dedupe is None:
+        return None
+    if dedupe not in DEDUPE_MODES:
+        raise ValueError(f"dedupe= takes None, 'in_doubt' or 'always', not {dedupe!r}")
+    if not isinstance(store, DedupingEffectStore):
+        raise TypeError(
+            f"dedupe={dedupe!r} needs a store that keeps the dedupe index (claim/unclaim/wait_ended), "
+            f"such as InMemoryEffectStore or RedisEffectStore; {type(store).__name__} does not"
+        )
+    return cast(Dedupe, dedupe)
 
 
 def _name_of(fn: Callable[..., Any]) -> str:
@@ -91,6 +109,7 @@ class EffectGuard:
         renew_every: float | None = None,
         wait_for_running: float = 5.0,
         probe_timeout: float = 10.0,
+        dedupe: Dedupe | None = None,
     ) -> None:
         if isinstance(target_args, str):
             target_args = (target_args,)
@@ -136,6 +155,9 @@ class EffectGuard:
             _positive("probe_timeout", probe_timeout),
         )
         self.probe_timeout = float(probe_timeout)
+        # the same idempotency key under a new tool_call_id: None (another call), "in_doubt" (that
+        # call while the first runs or is in doubt) or "always" (and its value once committed)
+        self.dedupe = _dedupe_setting(store_, dedupe)
         keeper = KEEPER if lease is not None else None
         self._blocking = BlockingExecutor(store_, self._durable, self._report, keeper, self.renew_every)
         self._async = AsyncExecutor(store_, self._durable, self._report, keeper, self.renew_every)
@@ -167,14 +189,21 @@ class EffectGuard:
 
     # -- decorating ------------------------------------------------------------------------------
     def wrap(
-        self, fn: Callable[P, R], *, name: str | None = None, reconcile: Probe | None = None
+        self,
+        fn: Callable[P, R],
+        *,
+        name: str | None = None,
+        reconcile: Probe | None = None,
+        dedupe: Dedupe | None = _GUARD_DEFAULT,
     ) -> Callable[P, R]:
         """Guard ``fn``. The call's id comes from :func:`~airlock_redis.tool_call_context`.
 
         ``reconcile``: the tool's probe (or the one ``fn`` was tagged with by
         :func:`~airlock_redis.reconcile_with`): when the call is in doubt it is asked whether the
-        call took effect (see :mod:`airlock_redis.core.probes`)."""
+        call took effect (see :mod:`airlock_redis.core.probes`). ``dedupe``: this tool's own
+        ``EffectGuard(dedupe=...)`` (None turns it off for this tool; not given: the guard's)."""
         tool = name or getattr(fn, "__name__", None) or type(fn).__name__
+        mode = self.dedupe if dedupe is _GUARD_DEFAULT else _dedupe_setting(self.store, dedupe)
         if reconcile is not None and not callable(reconcile):
             raise TypeError(f"reconcile= takes a probe function, not {reconcile!r}")
         probe = reconcile if reconcile is not None else probe_of(fn)
@@ -191,6 +220,7 @@ class EffectGuard:
                 reversibility=reversibility_of(wrapper),
                 passed=passed,
                 probe=probe,
+                dedupe=mode,
             )
 
         if is_async_callable(fn):

@@ -98,6 +98,15 @@ class Reporter:
             error,
         )
 
+    def unclaimed_failed(self, request: BeginRequest, error: StoreError) -> None:
+        log.warning(
+            "airlock_redis: could not end the dedupe index entry of %s tool_call_id=%r (%s); it lapses "
+            "with its TTL, and its record decides meanwhile",
+            request.tool,
+            request.tool_call_id,
+            error,
+        )
+
     # -- refusals ------------------------------------------------------------------------------
     def refused(self, machine: CallMachine, op: Refuse) -> None:
         """Every refusal passes here once, whichever step refused."""

@@ -383,7 +383,7 @@ def test_an_event_the_state_does_not_take_is_a_machine_error() -> None:
         done.returned("v")
 
 
-def _walk_every_path() -> set[tuple[State, Event, State]]:
+def _walk_every_path() -> set[tuple[State, Event, State]]:  # noqa: PLR0915 - one walk, step by step
     """Drive machines through every path the tests above take, recording each transition."""
     seen: set[tuple[State, Event, State]] = set()
 
@@ -441,6 +441,9 @@ def _walk_every_path() -> set[tuple[State, Event, State]]:
     step(m, Event.BEGIN_INTERRUPTED, m.begin_interrupted, KeyboardInterrupt())
     _walk_the_waits(step)
     _walk_the_probes(step)
+    from .test_dedupe_machine import walk_the_dedupe  # it imports this module: imported here
+
+    walk_the_dedupe(step)
     return seen
 
 

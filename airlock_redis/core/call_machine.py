@@ -24,6 +24,22 @@ events, in one place. The states and the events each one takes::
     ENDING --written--> DONE                             (return, re-raise or refuse)
     GIVING_BACK --given_back--> DONE                     (refuse or re-raise)
 
+  With ``dedupe`` (the same idempotency key under another tool_call_id is the same call; see
+  docs/in-doubt.md, "Dedupe across ids"): record first, then claim the key's index, then run::
+
+    BEGINNING | WAITING | SECURING --begun | woken | secured--> CLAIMING  (a started attempt claims)
+    CLAIMING --claimed--> RUNNING                        (the key is this attempt's)
+    CLAIMING --held--> CHECKING                          (another id holds it: read its record)
+    CLAIMING --claim_failed | interrupted--> ENDING      (give the record back, refuse or re-raise)
+    CHECKING --holder_seen--> CLAIMING | WAITING | ENDING (stale: claim it from that id; running: wait
+                                                         for it; else give the record back and refuse,
+                                                         or commit it with that id's value: replay)
+    CHECKING --check_failed | interrupted--> ENDING
+    WAITING --holder_ended--> CHECKING                   (read the holder's record again)
+    WAITING --check_failed | interrupted--> ENDING
+    ENDING --written--> UNCLAIMING                       (this attempt claimed the key: end its entry)
+    UNCLAIMING --unclaimed--> DONE
+
 Every transition is in :data:`TRANSITIONS`; an event a state does not take raises
 :class:`MachineError` (a bug in an executor, never a user error).
 """
@@ -45,7 +61,16 @@ from .gates import GuardedCall, GuardOptions, Plan, plan
 from .outcome import give_back, gives_back_after_failed_begin, settlement_for_error, settlement_for_return
 from .probes import Found, NeverTookEffect, ProbeCall, TookEffect, Verdict
 from .probes import Probe as ProbeFn
-from .records import BeginKind, BeginOutcome, BeginRequest, RecordVersionError, Settlement
+from .records import (
+    BeginKind,
+    BeginOutcome,
+    BeginRequest,
+    Holder,
+    Record,
+    RecordVersionError,
+    Settlement,
+    Status,
+)
 from .signing import Signer
 
 T = TypeVar("T")
@@ -53,6 +78,8 @@ T = TypeVar("T")
 Effect = Literal["executed", "replayed", "unguarded", "nested", "reconciled"]
 # a wait with less time left than this is not started: the call is refused as still in progress
 _LEAST_WAIT = 0.01
+# compare-and-set rounds on a key's index entry that keeps changing before the call gives up
+DEDUPE_ROUNDS = 3
 
 
 class State(enum.Enum):
@@ -68,6 +95,9 @@ class State(enum.Enum):
     PROBING = "probing"  # the call is in doubt and this attempt holds the record: the tool's probe is asked
     ENDING = "ending"  # the attempt's last write (commit or settle) is sent
     GIVING_BACK = "giving_back"  # the release of a begin that may have landed is sent
+    CLAIMING = "claiming"  # dedupe: the claim of the idempotency key's index entry is sent
+    CHECKING = "checking"  # dedupe: the record of the id that holds the key is read
+    UNCLAIMING = "unclaiming"  # dedupe: after the record's last write, the key's entry is ended
     DONE = "done"
 
 
@@ -88,6 +118,14 @@ class Event(enum.Enum):
     WRITTEN = "written"
     GIVEN_BACK = "given_back"
     PROBED = "probed"
+    CLAIMED = "claimed"
+    HELD = "held"
+    CLAIM_FAILED = "claim_failed"
+    HOLDER_SEEN = "holder_seen"
+    HOLDER_ENDED = "holder_ended"
+    CHECK_FAILED = "check_failed"
+    INTERRUPTED = "interrupted"
+    UNCLAIMED = "unclaimed"
 
 
 S, E = State, Event
@@ -96,21 +134,32 @@ TRANSITIONS: dict[tuple[State, Event], frozenset[State]] = {
     (S.READY, E.START): frozenset({S.ASKING, S.BEGINNING, S.RUNNING_BARE, S.DONE}),
     (S.ASKING, E.APPROVED): frozenset({S.BEGINNING, S.RUNNING_BARE, S.DONE}),
     (S.ASKING, E.DENIED): frozenset({S.DONE}),
-    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.WAITING, S.PROBING, S.DONE}),
+    (S.BEGINNING, E.BEGUN): frozenset({S.RUNNING, S.SECURING, S.WAITING, S.PROBING, S.CLAIMING, S.DONE}),
     (S.BEGINNING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
     (S.BEGINNING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
-    (S.WAITING, E.WOKEN): frozenset({S.WAITING, S.RUNNING, S.SECURING, S.PROBING, S.DONE}),
+    (S.WAITING, E.WOKEN): frozenset({S.WAITING, S.RUNNING, S.SECURING, S.PROBING, S.CLAIMING, S.DONE}),
     (S.PROBING, E.PROBED): frozenset({S.BEGINNING, S.ENDING}),
     (S.WAITING, E.BEGIN_FAILED): frozenset({S.GIVING_BACK, S.DONE}),
     (S.WAITING, E.BEGIN_INTERRUPTED): frozenset({S.GIVING_BACK}),
-    (S.SECURING, E.SECURED): frozenset({S.RUNNING}),
+    (S.SECURING, E.SECURED): frozenset({S.RUNNING, S.CLAIMING}),
     (S.SECURING, E.SECURE_FAILED): frozenset({S.ENDING}),
     (S.RUNNING, E.RETURNED): frozenset({S.ENDING}),
     (S.RUNNING, E.RAISED): frozenset({S.ENDING, S.PROBING}),
     (S.RUNNING_BARE, E.RETURNED): frozenset({S.DONE}),
     (S.RUNNING_BARE, E.RAISED): frozenset({S.DONE}),
-    (S.ENDING, E.WRITTEN): frozenset({S.DONE}),
+    (S.ENDING, E.WRITTEN): frozenset({S.DONE, S.UNCLAIMING}),
     (S.GIVING_BACK, E.GIVEN_BACK): frozenset({S.DONE}),
+    (S.CLAIMING, E.CLAIMED): frozenset({S.RUNNING}),
+    (S.CLAIMING, E.HELD): frozenset({S.CHECKING}),
+    (S.CLAIMING, E.CLAIM_FAILED): frozenset({S.ENDING}),
+    (S.CLAIMING, E.INTERRUPTED): frozenset({S.ENDING}),
+    (S.CHECKING, E.HOLDER_SEEN): frozenset({S.CLAIMING, S.WAITING, S.ENDING}),
+    (S.CHECKING, E.CHECK_FAILED): frozenset({S.ENDING}),
+    (S.CHECKING, E.INTERRUPTED): frozenset({S.ENDING}),
+    (S.WAITING, E.HOLDER_ENDED): frozenset({S.CHECKING}),
+    (S.WAITING, E.CHECK_FAILED): frozenset({S.ENDING}),
+    (S.WAITING, E.INTERRUPTED): frozenset({S.ENDING}),
+    (S.UNCLAIMING, E.UNCLAIMED): frozenset({S.DONE}),
 }
 del S, E
 _ALLOWED = frozenset((state, event, to) for (state, event), targets in TRANSITIONS.items() for to in targets)
@@ -228,6 +277,40 @@ class GiveBack(NamedTuple):
     request: BeginRequest
 
 
+class Claim(NamedTuple):
+    """Dedupe: make the idempotency key's index entry name this attempt, where it is free, names this
+    id, or holds ``expected`` (a compare-and-set; None: only where it is free or this id's); then
+    ``claimed``, ``held`` (with the holder), ``claim_failed`` or ``interrupted``."""
+
+    request: BeginRequest
+    expected: Holder | None = None
+
+
+class ReadHolder(NamedTuple):
+    """Dedupe: read the record of the id that holds the key (``store.get``); then ``holder_seen``
+    (the record, or None), ``check_failed`` or ``interrupted``."""
+
+    holder: Holder
+
+
+class WaitHolder(NamedTuple):
+    """Dedupe: wait up to ``seconds`` for the running attempt of the holder's id to end (its record
+    is not begun: this call only watches it); then ``holder_ended`` with the seconds spent,
+    ``check_failed`` or ``interrupted``."""
+
+    holder: Holder
+    seconds: float
+
+
+class Unclaim(NamedTuple):
+    """Dedupe: after the record's last write, end this attempt's index entry (fenced on its value):
+    keep it as long as a record in status ``keep`` lives, or delete it (None); then
+    ``unclaimed`` (whatever the store answered)."""
+
+    request: BeginRequest
+    keep: Status | None
+
+
 class Finish(NamedTuple):
     """The call is over: return ``execution``."""
 
@@ -247,7 +330,23 @@ class Reraise(NamedTuple):
     error: BaseException
 
 
-Operation = Ask | Begin | Wait | Probe | Secure | RunTool | Write | GiveBack | Finish | Refuse | Reraise
+Operation = (
+    Ask
+    | Begin
+    | Wait
+    | Probe
+    | Secure
+    | RunTool
+    | Write
+    | GiveBack
+    | Claim
+    | ReadHolder
+    | WaitHolder
+    | Unclaim
+    | Finish
+    | Refuse
+    | Reraise
+)
 Outcome = Finish | Refuse | Reraise
 
 
@@ -257,10 +356,15 @@ class CallMachine:
 
     __slots__ = (
         "_after",
+        "_claimed",
         "_durable",
+        "_holder",
+        "_last_step",
         "_nested_key",
         "_raised",
+        "_rounds",
         "_wait_left",
+        "_waited_for",
         "annotation",
         "attempt",
         "call",
@@ -282,7 +386,14 @@ class CallMachine:
         self._after: Outcome | None = None  # how the call ends once the write in flight is answered
         self._nested_key: str | None = None  # nested: the key of the call whose body this is
         self._durable = False  # the begin's durable, kept for the begin after a wait
-        self._wait_left = 0.0  # seconds the call may still wait for a running attempt
+        self._wait_left = rules.wait_for_running  # seconds the call may still wait for a running attempt
+        # dedupe: the index entry may name this attempt (a claim was answered claimed, or may have
+        # landed); the id that holds it, as last read; compare-and-set rounds; the id waited for
+        self._claimed = False
+        self._holder: Holder | None = None
+        self._rounds = 0
+        self._waited_for: str | None = None
+        self._last_step: Commit | Settlement | None = None  # the last write sent (what it ends as)
         # probing after the tool raised: the error, and whether an integration wants a refusal for it
         self._raised: tuple[BaseException, bool] | None = None
         self.t_run = 0.0  # set by the executor when the tool starts (for the observer's durations)
@@ -386,8 +497,7 @@ class CallMachine:
             if durable:
                 self._go(event, State.SECURING)
                 return Secure(request)
-            self._go(event, State.RUNNING)
-            return self._run()
+            return self._run_or_claim(event)
         if isinstance(decision, AskProbe):
             self.attempt, self._durable = decision.attempt, durable
             self._go(event, State.PROBING)
@@ -436,16 +546,155 @@ class CallMachine:
         assert self._after is not None
         return self._after
 
-    def secured(self) -> RunTool:
-        self._go(Event.SECURED, State.RUNNING)
-        return self._run()
+    def secured(self) -> RunTool | Claim:
+        return self._run_or_claim(Event.SECURED)
 
     def secure_failed(self, error: StoreError) -> Write:
         """Not enough replicas hold the record: the tool will not run; give the record back."""
         self._go(Event.SECURE_FAILED, State.ENDING)
         self._after = self._begin_refusal(error)
+        return self._write(give_back(self.attempt))
+
+    def _run_or_claim(self, event: Event) -> RunTool | Claim:
+        """This attempt owns its record: run, or with dedupe first claim the key's index entry."""
+        if self.call.dedupe is not None:
+            self._go(event, State.CLAIMING)
+            assert self.request is not None
+            return Claim(self.request)
+        self._go(event, State.RUNNING)
+        return self._run()
+
+    # -- dedupe: the same call under another tool_call_id ---------------------------------------
+    def claimed(self) -> RunTool:
+        """The key's index entry names this attempt: run."""
+        self._claimed = True
+        self._go(Event.CLAIMED, State.RUNNING)
+        return self._run()
+
+    def held(self, holder: Holder) -> ReadHolder:
+        """Another id holds the key: read its record (the only authority on whether it is busy)."""
+        self._go(Event.HELD, State.CHECKING)
+        self._holder = holder
+        return ReadHolder(holder)
+
+    def claim_failed(self, error: StoreError) -> Write:
+        """The claim failed (it may have landed): give the record back (then the entry, if it may
+        name this attempt), and refuse; the tool did not run."""
+        self._claimed = self._claimed or gives_back_after_failed_begin(error)
+        return self._not_run(Event.CLAIM_FAILED, self._begin_refusal(error))
+
+    def check_failed(self, error: StoreError) -> Write:
+        """Reading (or waiting for) the holder's record failed: give the record back and refuse (a
+        holder's record that cannot be read is named as the one that cannot be trusted)."""
+        request, holder = self.request, self._holder
+        if isinstance(error, CorruptRecordError) and request is not None and holder is not None:
+            why = f"{error} (the record of the same call under tool_call_id {holder.tool_call_id!r})"
+            refusal = refusals.record_corrupt(
+                request.tool, request.tool_call_id, request.idempotency_key, why
+            )
+            return self._not_run(Event.CHECK_FAILED, Refuse(refusal, error))
+        return self._not_run(Event.CHECK_FAILED, self._begin_refusal(error))
+
+    def interrupted(self, error: BaseException) -> Write:
+        """Interrupted (cancelled) while claiming, reading or waiting for the holder: the tool never
+        runs; give the record back (and the entry, which a claim in flight may have written)."""
+        if self.state is State.CLAIMING:
+            self._claimed = True
+        return self._not_run(Event.INTERRUPTED, Reraise(error))
+
+    def holder_ended(self, waited: float) -> ReadHolder:
+        """The wait for the holder's attempt is over (it ended, or the time ran out): read it again."""
+        self._wait_left -= waited
+        self._go(Event.HOLDER_ENDED, State.CHECKING)
+        assert self._holder is not None
+        return ReadHolder(self._holder)
+
+    def holder_seen(self, record: Record | None) -> Operation:
+        """What the holder's record is decides (docs/design-in-doubt.md, section 5): gone, released,
+        or another key: stale, claim it from that id; running: wait for it; in doubt: refused unless
+        the tool may run again; committed: a new call (``in_doubt``) or its value replayed
+        (``always``, or to a call that waited for it)."""
+        request, holder = self.request, self._holder
+        assert request is not None and holder is not None
+        if record is None or record.idempotency_key != request.idempotency_key:
+            return self._take_over(holder)
+        if record.status is Status.COMMITTED:
+            if self.call.dedupe == "always" or self._waited_for == holder.tool_call_id:
+                return self._replay_holder(record)
+            return self._take_over(holder)
+        if record.liveness == "running":
+            if self._wait_left > _LEAST_WAIT:
+                self._waited_for = holder.tool_call_id
+                self._go(Event.HOLDER_SEEN, State.WAITING)
+                return WaitHolder(holder, self._wait_left)
+            target = self.rules.target
+            return self._not_run(
+                Event.HOLDER_SEEN, Refuse(refusals.held_in_progress(request, record, target))
+            )
+        # unknown, abandoned, or pending without a lease: in doubt
+        if self.call.reversibility.may_run_again:
+            return self._take_over(holder)
+        return self._not_run(
+            Event.HOLDER_SEEN, Refuse(refusals.held_in_doubt(request, record, self.rules.target))
+        )
+
+    def _take_over(self, holder: Holder) -> Operation:
+        """The holder cannot run again (or may): claim the entry from it, a compare-and-set on the
+        value read; a key whose entry keeps changing is given up after DEDUPE_ROUNDS rounds."""
+        self._rounds += 1
+        if self._rounds > DEDUPE_ROUNDS:
+            error = StoreError(
+                f"the index entry of its idempotency key changed {DEDUPE_ROUNDS} times while it was claimed"
+            )
+            return self._not_run(Event.HOLDER_SEEN, self._begin_refusal(error))
+        self._go(Event.HOLDER_SEEN, State.CLAIMING)
         assert self.request is not None
-        return Write(self.request, self.attempt, give_back(self.attempt))
+        return Claim(self.request, holder)
+
+    def _replay_holder(self, record: Record) -> Operation:
+        """The holder committed: this attempt's own record is committed with its value (so that its
+        retries replay it too), and the caller gets the value (``replayed``)."""
+        request = self.request
+        assert request is not None
+        tool, tool_call_id, key = request.tool, request.tool_call_id, request.idempotency_key
+        signer = self.rules.signer
+        if record.value is None or not record.stored:
+            self._go(Event.HOLDER_SEEN, State.ENDING)
+            self._after = Refuse(refusals.result_not_stored(tool, tool_call_id, key))
+            return self._write(Commit(None, None, f"not stored under {record.tool_call_id!r}"))
+        if signer is not None and not signer.verify(record.tool_call_id, key, record.value, record.mac):
+            reason = f"the record of {record.tool_call_id!r}, whose value it would replay, does not verify"
+            return self._not_run(
+                Event.HOLDER_SEEN, Refuse(refusals.record_corrupt(tool, tool_call_id, key, reason))
+            )
+        try:
+            value = revalidate(decode_result(record.value), self.annotation())
+        except ResultDecodingError as exc:
+            return self._not_run(
+                Event.HOLDER_SEEN, Refuse(refusals.record_corrupt(tool, tool_call_id, key, str(exc)))
+            )
+        mac = signer.sign(tool_call_id, key, record.value) if signer is not None else None
+        self._go(Event.HOLDER_SEEN, State.ENDING)
+        self._after = Finish(Execution(value, "replayed", tool_call_id, key, self.attempt))
+        return self._write(Commit(record.value, mac))
+
+    def _not_run(self, event: Event, after: Outcome) -> Write:
+        """The tool will not run: give this attempt's pending record back (owner-fenced), then end."""
+        self._go(event, State.ENDING)
+        self._after = after
+        return self._write(give_back(self.attempt))
+
+    def unclaimed(self) -> Outcome:
+        """The index entry's end was sent (whatever the store answered)."""
+        self._go(Event.UNCLAIMED, State.DONE)
+        assert self._after is not None
+        return self._after
+
+    def _write(self, step: Commit | Settlement) -> Write:
+        """The attempt's last write (noted: with dedupe, the index entry ends as the record does)."""
+        self._last_step = step
+        assert self.request is not None
+        return Write(self.request, self.attempt, step)
 
     def _begin_refusal(self, error: StoreError) -> Refuse:
         request = self.request
@@ -484,10 +733,7 @@ class CallMachine:
             Execution(value, "executed", planned.tool_call_id, planned.idempotency_key, self.attempt)
         )
         settlement = settlement_for_return(value)
-        assert self.request is not None
-        return Write(
-            self.request, self.attempt, settlement if settlement is not None else self._sealed(value)
-        )
+        return self._write(settlement if settlement is not None else self._sealed(value))
 
     def raised(self, error: BaseException, *, refuse_in_doubt: bool = False) -> Operation:
         """The tool raised ``error``: the record ends unknown when in doubt, else released.
@@ -512,7 +758,7 @@ class CallMachine:
             return self._probe("error")
         self._go(Event.RAISED, State.ENDING)
         self._after = self._in_doubt(error) if in_doubt and refuse_in_doubt else Reraise(error)
-        return Write(request, self.attempt, settlement)
+        return self._write(settlement)
 
     def _in_doubt(self, error: BaseException) -> Refuse:
         request = self.request
@@ -551,12 +797,12 @@ class CallMachine:
                     answer.value, "reconciled", request.tool_call_id, request.idempotency_key, self.attempt
                 )
             )
-            return Write(request, self.attempt, self._sealed(answer.value))
+            return self._write(self._sealed(answer.value))
         if isinstance(answer, NeverTookEffect):
             if raised is not None:  # the tool's own error left nothing: release, and give it back
                 self._go(Event.PROBED, State.ENDING)
                 self._after = Reraise(raised[0])
-                return Write(request, self.attempt, Settlement.RELEASE)
+                return self._write(Settlement.RELEASE)
             # begin again with this attempt's token before the tool runs: it answers started while
             # the record is still this attempt's, and what the record holds now if an operator's
             # verdict came meanwhile (which must not be run over)
@@ -568,10 +814,23 @@ class CallMachine:
             self._after = self._in_doubt(error) if refuse else Reraise(error)
         else:
             self._after = Refuse(refusals.backend_cannot_tell(request, self.attempt, self.rules.target))
-        return Write(request, self.attempt, Settlement.UNKNOWN)
+        return self._write(Settlement.UNKNOWN)
 
-    def written(self) -> Outcome:
-        """The store answered the last write (whatever it answered: the tool has run, or will not)."""
+    def written(self) -> Outcome | Unclaim:
+        """The store answered the last write (whatever it answered: the tool has run, or will not).
+        With dedupe, an index entry that may name this attempt ends next, as its record did:
+        committed, kept as long as the record under ``always`` (deleted under ``in_doubt``: a new id
+        is a new call then); unknown, kept as long as the record; released, deleted."""
+        if self._claimed:
+            self._go(Event.WRITTEN, State.UNCLAIMING)
+            assert self.request is not None
+            step = self._last_step
+            keep: Status | None = None
+            if isinstance(step, Commit):
+                keep = Status.COMMITTED if self.call.dedupe == "always" else None
+            elif step is Settlement.UNKNOWN:
+                keep = Status.UNKNOWN
+            return Unclaim(self.request, keep)
         self._go(Event.WRITTEN, State.DONE)
         assert self._after is not None
         return self._after

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from . import refusals
 from .canonical import idempotency_key
@@ -12,6 +12,11 @@ from .errors import InvalidToolCallId
 from .ids import describe_missing_id, usable_tool_call_id
 from .probes import Probe
 from .reversibility import Reversibility
+
+# how calls under different tool_call_ids with one idempotency key are told apart (None: they are not
+# the same call; see docs/in-doubt.md, "Dedupe across ids")
+Dedupe = Literal["in_doubt", "always"]
+DEDUPE_MODES: tuple[Dedupe, ...] = ("in_doubt", "always")
 
 
 class GuardedCall(NamedTuple):
@@ -23,6 +28,9 @@ class GuardedCall(NamedTuple):
     reversibility: Reversibility
     passed: Collection[str] = frozenset()  # names the caller passed explicitly
     probe: Probe | None = None  # asks the backend whether the call took effect, when it is in doubt
+    # the same idempotency key under another tool_call_id is the same call: "in_doubt" while that one
+    # runs or is in doubt, "always" also once it committed (None: ids are told apart by id only)
+    dedupe: Dedupe | None = None
 
 
 @dataclass(frozen=True, slots=True)

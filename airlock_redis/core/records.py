@@ -92,6 +92,16 @@ class BeginRequest(NamedTuple):
     probes: bool = False
 
 
+class Holder(NamedTuple):
+    """The call that holds an idempotency key's index entry (``EffectGuard(dedupe=...)``): its
+    tool_call_id and owner token, and the entry as the store holds it (what a compare-and-set
+    expects)."""
+
+    tool_call_id: str
+    token: str
+    raw: bytes = b""
+
+
 @dataclass(frozen=True, slots=True)
 class BeginOutcome:
     """What a store's ``begin`` answers: ``kind`` (what it found and did), the record's ``attempt``

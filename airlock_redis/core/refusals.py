@@ -19,7 +19,7 @@ from .errors import (
     TargetArgsRequired,
     ToolCallIdRequired,
 )
-from .records import BeginKind, BeginOutcome, BeginRequest
+from .records import BeginKind, BeginOutcome, BeginRequest, Record
 from .reversibility import Reversibility
 
 
@@ -294,4 +294,44 @@ def in_doubt_after_error(
         tool_call_id=tool_call_id,
         idempotency_key=key,
         fix_hint=_ask_backend(tool_call_id, key, target),
+    )
+
+
+def held_in_progress(request: BeginRequest, holder: Record, target: str | None = "") -> EffectInProgress:
+    """Dedupe: the same call (same idempotency key) runs under another tool_call_id, and still ran
+    when this call's wait ended. This call did not run and left no record."""
+    tool, key, other = request.tool, request.idempotency_key, holder.tool_call_id
+    where = (
+        "the store's record"
+        if target is None
+        else (f"airlock-redis inspect {shlex.quote(other)} {target}".replace("  ", " "))
+    )
+    return EffectInProgress(
+        f"The same call of {tool!r} (idempotency key {key}) is still running under tool_call_id "
+        f"{other!r} (attempt {holder.attempt}, lease {_seconds(holder.lease_ms)}): tool_call_id "
+        f"{request.tool_call_id!r} is not run beside it.",
+        tool=tool,
+        tool_call_id=request.tool_call_id,
+        idempotency_key=key,
+        fix_hint=(
+            f"Ask again later (with this tool_call_id or {other!r}): it then gets that call's outcome. "
+            f"To watch it: {where}."
+        ),
+    )
+
+
+def held_in_doubt(request: BeginRequest, holder: Record, target: str | None = "") -> EffectStatusUnknown:
+    """Dedupe: the same call (same idempotency key) under another tool_call_id is in doubt (unknown,
+    abandoned, or pending without a lease), and the tool is not reversible. This call did not run
+    and left no record; the operator resolves the other id's record."""
+    tool, key, other = request.tool, request.idempotency_key, holder.tool_call_id
+    found = holder.liveness or holder.status.value
+    return EffectStatusUnknown(
+        f"The same call of {tool!r} (idempotency key {key}) was made under tool_call_id {other!r}, whose "
+        f"record is {found} (attempt {holder.attempt}): it may already have taken effect, and the tool is "
+        f"not reversible, so tool_call_id {request.tool_call_id!r} is not run.",
+        tool=tool,
+        tool_call_id=request.tool_call_id,
+        idempotency_key=key,
+        fix_hint=_ask_backend(other, key, target),
     )

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from ..core.errors import StoreError
-from ..core.records import BeginOutcome, BeginRequest, Record, Settlement, Status, TransitionResult
+from ..core.records import BeginOutcome, BeginRequest, Holder, Record, Settlement, Status, TransitionResult
 from ..core.verdicts import parse_verdict
 
 
@@ -178,4 +178,39 @@ class LeasingEffectStore(Protocol):
     def renew_leases(self, requests: Sequence[BeginRequest]) -> list[TransitionResult | StoreError]:
         """Renew the lease of each running attempt (owner-fenced): OK, SUPERSEDED (another owner,
         or the call ended), MISSING, or the StoreError that kept it from being renewed."""
+        ...
+
+
+@runtime_checkable
+class DedupingEffectStore(Protocol):
+    """A store that keeps an index from idempotency key to the tool_call_id that holds it
+    (``EffectGuard(dedupe=...)``, docs/in-doubt.md "Dedupe across ids"). The index only points: the
+    record of the id it names is the only authority on whether the key is busy."""
+
+    def claim(self, request: BeginRequest, expected: Holder | None = None) -> Holder | None:
+        """Make the entry of ``request.idempotency_key`` name this attempt (for the pending TTL) where
+        it is absent, holds ``expected`` (a compare-and-set), this attempt's own, or another attempt
+        of ``request.tool_call_id``: None (claimed). Else the holder, and nothing is written."""
+        ...
+
+    def unclaim(self, request: BeginRequest, keep: Status | None) -> bool:
+        """Where the entry is still this attempt's: keep it as long as a record in status ``keep``
+        lives, or delete it (None). True when it was this attempt's."""
+        ...
+
+    def wait_ended(self, tool_call_id: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for the running attempt of ``tool_call_id`` to end (or its lease to
+        lapse unrenewed); its record is only watched, never begun."""
+        ...
+
+    async def aclaim(self, request: BeginRequest, expected: Holder | None = None) -> Holder | None:
+        """Coroutine form of :meth:`claim`."""
+        ...
+
+    async def aunclaim(self, request: BeginRequest, keep: Status | None) -> bool:
+        """Coroutine form of :meth:`unclaim`."""
+        ...
+
+    async def await_ended(self, tool_call_id: str, seconds: float) -> None:
+        """Coroutine form of :meth:`wait_ended`; cancelled, it leaves nothing behind."""
         ...

@@ -162,15 +162,22 @@ class ReplicaWait:
                 "no replica acknowledgement was recorded for this attempt (begin did not go through this "
                 "store's wait_replicas path)"
             )
+        self.check(acks, "the pending record")
+
+    def check(self, acks: Acks, what: str, *, landed: bool = False) -> None:
+        """Raise DurabilityError unless ``what`` reached enough replicas (and the disk, with WAITAOF);
+        ``landed``: the error says the write may stand on the primary (``maybe_applied``)."""
         if acks.replicas < self.replicas:
             raise DurabilityError(
                 f"only {acks.replicas} of the {self.replicas} replicas required by wait_replicas "
-                f"acknowledged the pending record within {self.timeout:g}s (WAIT)"
+                f"acknowledged {what} within {self.timeout:g}s (WAIT)",
+                maybe_applied=landed,
             )
         if acks.aof_local is not None and acks.aof_local < 1:
             raise DurabilityError(
-                f"the primary did not fsync the pending record to its append-only file within "
-                f"{self.timeout:g}s (WAITAOF)"
+                f"the primary did not fsync {what} to its append-only file within "
+                f"{self.timeout:g}s (WAITAOF)",
+                maybe_applied=landed,
             )
 
     # -- the rules of one begin, shared by both paths ---------------------------------------------

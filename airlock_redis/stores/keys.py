@@ -35,6 +35,15 @@ def record_key(namespace: str, tool_call_id: str) -> bytes:
     return f"{namespace}:{{{slot_tag(tool_call_id)}}}:{tool_call_id}".encode()
 
 
+@lru_cache(maxsize=4096)  # claim and unclaim of one call name the same key
+def index_key(namespace: str, idempotency_key: str) -> bytes:
+    """The key of ``idempotency_key``'s index entry (``EffectGuard(dedupe=...)``): which
+    tool_call_id holds that business call now. ``<namespace>:{<tag>}k:<key>``: ``}k:`` where a record
+    has ``}:``, so it is never taken for a record (:func:`tool_call_id_of`) and the ACL key pattern
+    covers it; its tag is the key's digest, so it lives in a slot of its own, not its holder's."""
+    return f"{namespace}:{{{slot_tag(idempotency_key)}}}k:{idempotency_key}".encode()
+
+
 def record_prefix(namespace: str) -> str:
     """What every record key of the namespace begins with, and no key of another namespace: a
     namespace holds no ``{``, so ``acme:{`` never begins a key of ``acme:eu`` (``acme:eu:{...``)."""

@@ -46,7 +46,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..core.records import LAYOUT_VERSION, LEASED_LAYOUT_VERSION, RELEASED, Status
+from ..core.records import LAYOUT_VERSION, LEASED_LAYOUT_VERSION, RELEASED, Holder, Status
 
 VERSION = LAYOUT_VERSION.encode("ascii")
 LEASED_VERSION = LEASED_LAYOUT_VERSION.encode("ascii")
@@ -295,3 +295,28 @@ def edit(data: bytes, **changes: Any) -> bytes:
     operator's tool or a test writes back."""
     record = parse(data)
     return pack(replace(record, **changes))
+
+
+# -- the index entry of an idempotency key (dedupe): which tool_call_id holds it -------------------
+# ``a,<#tool_call_id>,<#owner>;<tool_call_id><owner>``: a version letter first, like records.
+_HOLDER = re.compile(rb"a,([0-9]{1,9}),([0-9]{1,9});", re.DOTALL)
+
+
+def pack_holder(tool_call_id: str, token: str) -> bytes:
+    """The index entry that names ``tool_call_id``'s attempt ``token`` (lua/claim.lua compares it
+    whole, and reads the id from it)."""
+    ident, owner = tool_call_id.encode("utf-8", "surrogatepass"), token.encode("utf-8", "surrogatepass")
+    return b"a,%d,%d;%s%s" % (len(ident), len(owner), ident, owner)
+
+
+def parse_holder(raw: bytes) -> Holder:
+    """The holder an index entry names; an entry that does not parse names no id (``""``), which
+    no record has: it is taken as stale and claimed from (by its exact bytes)."""
+    found = _HOLDER.match(raw)
+    if found is not None:
+        start, ident, owner = found.end(), int(found.group(1)), int(found.group(2))
+        if len(raw) == start + ident + owner:
+            text = raw[start : start + ident].decode("utf-8", "surrogatepass")
+            token = raw[start + ident :].decode("utf-8", "surrogatepass")
+            return Holder(text, token, raw)
+    return Holder("", "", raw)

@@ -19,6 +19,7 @@ from ..core.records import (
     BeginKind,
     BeginOutcome,
     BeginRequest,
+    Holder,
     Record,
     Settlement,
     Status,
@@ -26,6 +27,7 @@ from ..core.records import (
 )
 from .base import check_verdict
 from .keys import DEFAULT_NAMESPACE
+from .layout import pack_holder, parse_holder
 from .operator_view import (
     AUDIT_MAX_ENTRIES,
     FIRST_PAGE,
@@ -93,6 +95,27 @@ class _Row:
 _STARTED_FIRST = BeginOutcome(BeginKind.STARTED, attempt=1)
 # new rows between two sweeps, and the rows a sweep looks at (see InMemoryEffectStore._admit)
 _SWEEP_BATCH = 32
+# index entries (dedupe) below which expired ones are not swept
+_INDEX_SWEEP_LEAST = 1024
+
+
+class _Waking:
+    """Entered with the store's lock held, by each transition that ends or hands over a record: on the
+    way out it wakes the calls that wait for that record (see ``wait_running``)."""
+
+    __slots__ = ("store", "tool_call_id")
+
+    def __init__(self, store: InMemoryEffectStore, tool_call_id: str) -> None:
+        self.store, self.tool_call_id = store, tool_call_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        waiters = self.store._waiters
+        if waiters:
+            for signal in waiters.pop(self.tool_call_id, ()):
+                signal.set(b"ended")
 
 
 class InMemoryEffectStore:
@@ -126,6 +149,9 @@ class InMemoryEffectStore:
         self._audit: deque[tuple[str, str]] = deque(maxlen=AUDIT_MAX_ENTRIES)
         # the calls waiting for a running attempt, by tool_call_id (see wait_running)
         self._waiters: dict[str, list[Signal]] = {}
+        # dedupe: idempotency key -> (its index entry, when it expires on the store's clock)
+        self._index: dict[str, tuple[bytes, float]] = {}
+        self._index_sweep_at = _INDEX_SWEEP_LEAST  # entries at which expired ones are next swept
         self._audited = 0
 
     def __repr__(self) -> str:
@@ -250,19 +276,17 @@ class InMemoryEffectStore:
         """Always: a waiter here is an event (or a future) the ending transition sets."""
         return True
 
-    def _join(
-        self, request: BeginRequest, loop: asyncio.AbstractEventLoop | None
-    ) -> tuple[Signal, float] | None:
+    def _join(self, tool_call_id: str, loop: asyncio.AbstractEventLoop | None) -> tuple[Signal, float] | None:
         """Register a waiter while the record's attempt runs: its signal and the seconds its lease
         has left; None when it no longer runs (begin again at once)."""
         with self._lock:
             now = self._clock()
-            row = self._live(request.tool_call_id, now)
+            row = self._live(tool_call_id, now)
             since = None if row is None else self._since_renewal_ms(row, now)
             if row is None or since is None or row.lease_ms is None or since > row.lease_ms:
                 return None
             signal = Signal(loop)
-            self._waiters.setdefault(request.tool_call_id, []).append(signal)
+            self._waiters.setdefault(tool_call_id, []).append(signal)
             return signal, (row.lease_ms - since) / 1000
 
     def _leave(self, tool_call_id: str, signal: Signal) -> None:
@@ -273,36 +297,87 @@ class InMemoryEffectStore:
                 if not signals:
                     del self._waiters[tool_call_id]
 
-    def _wake(self, tool_call_id: str) -> None:
-        """Wake the calls that wait for the record of ``tool_call_id`` (an ending transition ran)."""
-        if self._waiters:
-            with self._lock:
-                signals = self._waiters.pop(tool_call_id, ())
-            for signal in signals:
-                signal.set(b"ended")
-
     def wait_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
         """Wait up to ``seconds`` for the attempt that runs ``request``'s call to end (or its lease
         to lapse unrenewed), then begin again: what begin answers then."""
-        joined = self._join(request, None)
+        self.wait_ended(request.tool_call_id, seconds)
+        return self.begin(request)
+
+    async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
+        """Coroutine form of :meth:`wait_running`; cancelled, it leaves nothing behind."""
+        await self.await_ended(request.tool_call_id, seconds)
+        return self.begin(request)
+
+    def wait_ended(self, tool_call_id: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for the running attempt of ``tool_call_id`` to end (or its lease to
+        lapse unrenewed); the record is only watched."""
+        joined = self._join(tool_call_id, None)
         if joined is not None:
             signal, lease_left = joined
             try:
                 signal.wait(min(seconds, lease_left + AFTER_LEASE))
             finally:
-                self._leave(request.tool_call_id, signal)
-        return self.begin(request)
+                self._leave(tool_call_id, signal)
 
-    async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
-        """Coroutine form of :meth:`wait_running`; cancelled, it leaves nothing behind."""
-        joined = self._join(request, asyncio.get_running_loop())
+    async def await_ended(self, tool_call_id: str, seconds: float) -> None:
+        """Coroutine form of :meth:`wait_ended`; cancelled, it leaves nothing behind."""
+        joined = self._join(tool_call_id, asyncio.get_running_loop())
         if joined is not None:
             signal, lease_left = joined
             try:
                 await signal.await_(min(seconds, lease_left + AFTER_LEASE))
             finally:
-                self._leave(request.tool_call_id, signal)
-        return self.begin(request)
+                self._leave(tool_call_id, signal)
+
+    # -- dedupe: the index from idempotency key to the tool_call_id that holds it ---------------------
+    def claim(self, request: BeginRequest, expected: Holder | None = None) -> Holder | None:
+        """Make the key's index entry name this attempt (see
+        :meth:`airlock_redis.stores.base.DedupingEffectStore.claim`); as lua/claim.lua."""
+        mine = pack_holder(request.tool_call_id, request.token)
+        with self._lock:
+            now = self._clock()
+            entry = self._index.get(request.idempotency_key)
+            current = entry[0] if entry is not None and entry[1] > now else None
+            if current is not None and current != mine and (expected is None or current != expected.raw):
+                holder = parse_holder(current)
+                if holder.tool_call_id != request.tool_call_id:
+                    return holder
+            self._index[request.idempotency_key] = (mine, now + self.ttls.seconds(Status.PENDING))
+            if len(self._index) >= self._index_sweep_at:  # amortised: each sweep doubles the next bound
+                self._index = {key: entry for key, entry in self._index.items() if entry[1] > now}
+                self._index_sweep_at = max(_INDEX_SWEEP_LEAST, 2 * len(self._index))
+            return None
+
+    def unclaim(self, request: BeginRequest, keep: Status | None) -> bool:
+        """End this attempt's index entry: kept as long as a record in status ``keep`` lives, or
+        deleted (None); fenced on the entry. As lua/unclaim.lua."""
+        mine = pack_holder(request.tool_call_id, request.token)
+        with self._lock:
+            now = self._clock()
+            entry = self._index.get(request.idempotency_key)
+            if entry is None or entry[1] <= now or entry[0] != mine:
+                return False
+            if keep is None:
+                del self._index[request.idempotency_key]
+            else:
+                self._index[request.idempotency_key] = (mine, now + self.ttls.seconds(keep))
+            return True
+
+    def index_entry(self, idempotency_key: str) -> Holder | None:
+        """The holder the key's index entry names now (None: no entry), for tests and operators."""
+        with self._lock:
+            entry = self._index.get(idempotency_key)
+            if entry is None or entry[1] <= self._clock():
+                return None
+            return parse_holder(entry[0])
+
+    async def aclaim(self, request: BeginRequest, expected: Holder | None = None) -> Holder | None:
+        """Coroutine form of :meth:`claim` (nothing here waits)."""
+        return self.claim(request, expected)
+
+    async def aunclaim(self, request: BeginRequest, keep: Status | None) -> bool:
+        """Coroutine form of :meth:`unclaim`."""
+        return self.unclaim(request, keep)
 
     def renew_leases(self, requests: Sequence[BeginRequest]) -> list[TransitionResult | StoreError]:
         """Renew the lease of each running attempt (see :meth:`renew`)."""
@@ -324,20 +399,11 @@ class InMemoryEffectStore:
     def commit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
-        """The attempt that owns the record marks it committed (see :meth:`_commit`), and the calls
-        that wait for it are woken. The contract: :meth:`airlock_redis.EffectStore.commit`."""
-        result = self._commit(request, attempt, value, mac)
-        self._wake(request.tool_call_id)
-        return result
-
-    def _commit(
-        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
-    ) -> TransitionResult:
         """The attempt that owns the record (``request.token``) marks it committed with the tool's
         encoded ``value`` (None: ran, result not stored) and its ``mac``: OK, SUPERSEDED for an
         attempt that no longer owns it, RECREATED when no record was left (written again as
         committed). The contract: :meth:`airlock_redis.EffectStore.commit`."""
-        with self._lock:
+        with self._lock, _Waking(self, request.tool_call_id):
             now = self._clock()
             row = self._live(request.tool_call_id, now)
             if row is None or row.status is None:
@@ -354,16 +420,9 @@ class InMemoryEffectStore:
             return TransitionResult.OK
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
-        """The owning attempt marks its pending record unknown or releases it (see :meth:`_settle`),
-        and the calls that wait for it are woken. The contract: :meth:`airlock_redis.EffectStore.settle`."""
-        result = self._settle(request, attempt, settlement)
-        self._wake(request.tool_call_id)
-        return result
-
-    def _settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:
         """The owning attempt marks its pending record unknown, or releases it (leaving a short-lived
         tombstone of its token). The contract: :meth:`airlock_redis.EffectStore.settle`."""
-        with self._lock:
+        with self._lock, _Waking(self, request.tool_call_id):
             tool_call_id = request.tool_call_id
             now = self._clock()
             row = self._live(tool_call_id, now)
@@ -423,36 +482,11 @@ class InMemoryEffectStore:
         value: bytes | None = None,
         mac: bytes | None = None,
     ) -> TransitionResult:
-        """An operator's verdict (see :meth:`_resolve`); the calls that wait for the record are woken.
-        The contract: :meth:`airlock_redis.EffectStore.resolve`."""
-        result = self._resolve(
-            tool_call_id,
-            verdict,
-            expect_key=expect_key,
-            expect_status=expect_status,
-            expect_owner=expect_owner,
-            value=value,
-            mac=mac,
-        )
-        self._wake(tool_call_id)
-        return result
-
-    def _resolve(
-        self,
-        tool_call_id: str,
-        verdict: Status | Settlement,
-        *,
-        expect_key: str | None = None,
-        expect_status: Status | None = None,
-        expect_owner: str | None = None,
-        value: bytes | None = None,
-        mac: bytes | None = None,
-    ) -> TransitionResult:
         """An operator's verdict (committed with ``value``, unknown, or release), applied only when
         the record still matches what the operator was shown (``expect_*``; None skips a check):
         OK, MISSING, MISMATCH or CHANGED. The contract: :meth:`airlock_redis.EffectStore.resolve`."""
         verdict = check_verdict(verdict)
-        with self._lock:
+        with self._lock, _Waking(self, tool_call_id):
             now = self._clock()
             row = self._live(tool_call_id, now)
             if row is None or row.status is None:

@@ -32,6 +32,7 @@ from ..core.records import (
     BeginKind,
     BeginOutcome,
     BeginRequest,
+    Holder,
     Record,
     Settlement,
     Status,
@@ -40,7 +41,8 @@ from ..core.records import (
 from ..core.stepping import Plan, adrive, drive
 from ..redaction import redact, without_password
 from .durability import ReplicaWait
-from .keys import DEFAULT_NAMESPACE, check_namespace, record_key
+from .keys import DEFAULT_NAMESPACE, check_namespace, index_key, record_key
+from .layout import pack_holder, parse_holder
 from .loop_clients import LoopClients
 from .redis_clients import async_factory, decodes_responses, is_factory, url_of_client
 from .redis_io import REDIS_FAILURES, Command, Facts, MaxBulk, Read, Waited, async_io, blocking_io, one, tried
@@ -271,7 +273,13 @@ class RedisEffectStore:
         self, name: str, tool_call_id: str, args: list[Any], with_source: bool, tries: Tries
     ) -> Plan[Any]:
         """Run a transition script on the record's key (see the module docstring for EVAL vs EVALSHA)."""
-        command = ScriptCommand(name, self.key(tool_call_id), args, with_source)
+        return self._script_on(name, self.key(tool_call_id), args, with_source, tries)
+
+    def _script_on(
+        self, name: str, key: bytes, args: list[Any], with_source: bool, tries: Tries
+    ) -> Plan[Any]:
+        """Run a script on ``key`` (a record's, or an index entry's)."""
+        command = ScriptCommand(name, key, args, with_source)
 
         def attempt() -> Plan[Any]:
             try:
@@ -543,33 +551,92 @@ class RedisEffectStore:
     def wait_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
         """Wait up to ``seconds`` for the attempt that runs ``request``'s call to end (woken by its
         end, or when its lease would lapse unrenewed), then begin again: what begin answers then."""
-        waiter = self._listener().join(self.key(request.tool_call_id))
-        try:
-            if waiter.listening.wait(seconds):
-                lease_left = drive(self._waiting(request), self._io)
-                if lease_left is not None:
-                    waiter.woken.wait(min(seconds, lease_left + AFTER_LEASE))
-        finally:
-            self._listener().leave(waiter)
+        self.wait_ended(request.tool_call_id, seconds)
         return self.begin(request)
 
     async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
         """Coroutine form of :meth:`wait_running`. Cancelled, it leaves nothing but the record's
         flag that someone waits (the attempt's end then publishes once to nobody)."""
-        waiter = self._listener().join(self.key(request.tool_call_id), asyncio.get_running_loop())
+        await self.await_ended(request.tool_call_id, seconds)
+        return await self.abegin(request)
+
+    def wait_ended(self, tool_call_id: str, seconds: float) -> None:
+        """Wait up to ``seconds`` for the running attempt of ``tool_call_id`` to end (woken by its
+        end, or when its lease would lapse unrenewed); the record is only watched, never begun."""
+        waiter = self._listener().join(self.key(tool_call_id))
+        try:
+            if waiter.listening.wait(seconds):
+                lease_left = drive(self._waiting(tool_call_id), self._io)
+                if lease_left is not None:
+                    waiter.woken.wait(min(seconds, lease_left + AFTER_LEASE))
+        finally:
+            self._listener().leave(waiter)
+
+    async def await_ended(self, tool_call_id: str, seconds: float) -> None:
+        """Coroutine form of :meth:`wait_ended`; cancelled, it leaves nothing but the record's flag
+        that someone waits."""
+        waiter = self._listener().join(self.key(tool_call_id), asyncio.get_running_loop())
         try:
             if await waiter.listening.await_(seconds):
-                lease_left = await adrive(self._waiting(request), self._aio)
+                lease_left = await adrive(self._waiting(tool_call_id), self._aio)
                 if lease_left is not None:
                     await waiter.woken.await_(min(seconds, lease_left + AFTER_LEASE))
         finally:
             self._listener().leave(waiter)
-        return await self.abegin(request)
 
-    def _waiting(self, request: BeginRequest) -> Plan[float | None]:
+    # -- dedupe: the index from idempotency key to the tool_call_id that holds it -----------------
+    def index_key(self, idempotency_key: str) -> bytes:
+        """The Redis key of ``idempotency_key``'s index entry (in a slot of its own)."""
+        return index_key(self.namespace, idempotency_key)
+
+    def claim(self, request: BeginRequest, expected: Holder | None = None) -> Holder | None:
+        """Make the key's index entry name this attempt (lua/claim.lua; see
+        :meth:`airlock_redis.stores.base.DedupingEffectStore.claim`): None when claimed, else the
+        holder."""
+        return _claim_reply(drive(self._claiming(request, expected, self._tries()), self._io))
+
+    async def aclaim(self, request: BeginRequest, expected: Holder | None = None) -> Holder | None:
+        """Coroutine form of :meth:`claim`."""
+        return _claim_reply(await adrive(self._claiming(request, expected, self._async_tries()), self._aio))
+
+    def _claiming(self, request: BeginRequest, expected: Holder | None, tries: Tries) -> Plan[Any]:
+        """The claim script's reply. With ``wait_replicas`` the script and WAIT go in one pipeline on
+        one connection to the entry's primary (as begin's, see :mod:`.durability`), and a claim that
+        did not reach enough replicas raises (the tool does not run; the entry is given back)."""
+        mine = pack_holder(request.tool_call_id, request.token)
+        args = [mine, self._args.pending_ms, expected.raw if expected is not None else b""]
+        key = self.index_key(request.idempotency_key)
+        wait = self._replica_wait
+        if wait is None:
+            return (yield from self._script_on("claim", key, args, False, tries))
+        op = Waited(wait, key, SHAS["claim"], script_source("claim"), args, self._facts)
+        try:
+            reply, acks = yield from self._tried(lambda: one(op), tries)
+        except StoreError as exc:
+            exc.maybe_applied = exc.maybe_applied or not isinstance(exc, CorruptRecordError)
+            raise
+        if reply == b"claimed":
+            wait.check(acks, "the claim of the idempotency key", landed=True)
+        return reply
+
+    def unclaim(self, request: BeginRequest, keep: Status | None) -> bool:
+        """End this attempt's index entry (lua/unclaim.lua, sent with its source: it applies even when
+        it lands late): kept as long as a record in status ``keep`` lives, or deleted (None)."""
+        return bool(drive(self._unclaiming(request, keep, self._tries()), self._io))
+
+    async def aunclaim(self, request: BeginRequest, keep: Status | None) -> bool:
+        """Coroutine form of :meth:`unclaim`."""
+        return bool(await adrive(self._unclaiming(request, keep, self._async_tries()), self._aio))
+
+    def _unclaiming(self, request: BeginRequest, keep: Status | None, tries: Tries) -> Plan[Any]:
+        mine = pack_holder(request.tool_call_id, request.token)
+        ttl = b"" if keep is None else str(self.ttls.millis(keep)).encode()
+        return self._script_on("unclaim", self.index_key(request.idempotency_key), [mine, ttl], True, tries)
+
+    def _waiting(self, tool_call_id: str) -> Plan[float | None]:
         """Flag the record as waited for while its attempt runs (lua/wait.lua): the seconds its lease
         has left, or None when it no longer runs (begin again at once)."""
-        reply = yield from self._script("wait", request.tool_call_id, [], False, self._tries())
+        reply = yield from self._script("wait", tool_call_id, [], False, self._tries())
         if isinstance(reply, list) and reply and reply[0] == b"waiting":
             return max(0.0, int(reply[1]) / 1000)
         return None
@@ -613,6 +680,15 @@ class RedisEffectStore:
         if self._behind is not None:
             await self.aflush(CLOSE_TIMEOUT)
         await self._loops.aclose_current()
+
+
+def _claim_reply(reply: Any) -> Holder | None:
+    """lua/claim.lua's answer: None for "claimed", else the holder its entry names."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] == b"held":
+        return parse_holder(bytes(reply[1]))
+    if reply == b"claimed":
+        return None
+    raise StoreError(f"the claim script answered {reply!r}", maybe_applied=True)
 
 
 def _not_a_string(tool_call_id: str, error: BaseException) -> StoreError:

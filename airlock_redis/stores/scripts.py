@@ -10,7 +10,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-SCRIPT_NAMES = ("begin", "commit", "settle", "resolve", "renew", "wait")
+SCRIPT_NAMES = ("begin", "commit", "settle", "resolve", "renew", "wait", "claim", "unclaim")
 COMMON = "common"  # helpers every script shares, prepended to each (not a script of its own)
 
 
