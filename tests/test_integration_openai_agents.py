@@ -207,6 +207,33 @@ def test_a_model_that_would_retry_under_a_new_id_is_told_not_to(mode: str, guard
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_with_dedupe_the_retry_under_a_new_id_runs_the_refund_zero_more_times(
+    mode: str, store: EffectStore
+) -> None:
+    """The issue's scenario end to end, with ``dedupe="in_doubt"``: the refund times out under call_1,
+    the scripted model retries it under call_2 with the same arguments, and the refund ran once: the
+    retry is refused as the same call, in doubt."""
+    runs: list[str] = []
+    guard = EffectGuard(store, dedupe="in_doubt")
+    tools = guard_tools([make_refund(mode, runs, fail_first=True)], guard)
+    model = ScriptedModel(
+        [
+            [function_call("refund", {"order": "o1"}, call_id="call_1")],
+            [function_call("refund", {"order": "o1"}, call_id="call_2")],
+            [assistant_message("done")],
+        ]
+    )
+
+    result = run(mode, Agent(name="ops", model=model, tools=tools), "refund o1")
+
+    assert runs == ["o1"]  # refund ran: 1 time
+    first, second = outputs(result)
+    assert first.startswith(first_in_doubt_text("refund"))
+    assert MODEL_MESSAGES["effect_status_unknown"] in second, second
+    assert result.final_output == "done"
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_in_doubt_call_run_again_is_refused_for_the_model_and_the_run_finishes(
     mode: str, guard: EffectGuard
 ) -> None:
