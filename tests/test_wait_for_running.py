@@ -359,3 +359,95 @@ def test_waiting_on_a_cluster(pytestconfig: pytest.Config) -> None:
 @pytest.mark.redis_server
 def test_waiting_through_sentinel(pytestconfig: pytest.Config) -> None:
     _wait_on_topology(shared_sentinel(pytestconfig).url)
+
+
+# -- the listener across fork and at exit ----------------------------------------------------------------
+def test_a_child_forked_while_calls_wait_starts_with_no_listener_thread(redis_server: EmbeddedRedis) -> None:
+    """The child drops the inherited pub/sub connection without closing it (the parent's waiters
+    still get woken through it) and starts with no waiter and no thread; its own waits work."""
+    import os
+    import warnings
+
+    rstore = RedisEffectStore(redis_server.url, namespace=f"wait:{fresh_id()}")
+    guard, tools = _guard(rstore), Tools()
+    thread, _ = _first_running(guard, tools, "fork-1")
+    result: list[Any] = []
+    waiter = threading.Thread(target=lambda: result.append(guard.call("fork-1", tools.charge, 5)))
+    waiter.start()
+    wait_until("the waiter registered", lambda: _waited_for(rstore, "fork-1") or None, 5)
+    listener = rstore._listener()
+    assert listener.waiting == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            fresh = listener.waiting == 0 and listener._thread is None and listener._pubsub is None
+            child_tools = Tools()
+            child_thread, _ = _first_running(guard, child_tools, "fork-child")
+            threading.Timer(0.3, child_tools.go.set).start()
+            ok = guard.call("fork-child", child_tools.charge, 5) == {"charged": 5}
+            child_thread.join(10)
+            code = 0 if fresh and ok and child_tools.runs == [5] else 3
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    tools.go.set()  # the parent's waiter is still woken through its own connection
+    waiter.join(15)
+    thread.join(10)
+    assert result == [{"charged": 5}] and tools.runs == [5]
+
+
+EXIT_WHILE_WAITING = textwrap.dedent(
+    """
+    import sys, threading, time
+    from airlock_redis import EffectGuard, RedisEffectStore, reconcile_with
+    url, namespace = sys.argv[1], sys.argv[2]
+    store = RedisEffectStore(url, namespace=namespace)
+    guard = EffectGuard(store=store, wait_for_running=60, probe_timeout=60)
+    started = threading.Event()
+
+    def stuck(cents):
+        started.set()
+        time.sleep(3600)
+
+    def waiting():
+        guard.call("exit-1", stuck, 1)
+
+    def hung_probe(call):
+        time.sleep(3600)
+
+    def probed(cents):
+        raise TimeoutError("in doubt: the probe is asked, and hangs")
+
+    threading.Thread(target=lambda: guard.call("exit-1", stuck, 1), daemon=True).start()
+    started.wait(10)
+    threading.Thread(target=waiting, daemon=True).start()  # waits for the stuck call
+    probing = reconcile_with(hung_probe)(probed)
+    threading.Thread(target=lambda: guard.call("exit-2", probing, 1), daemon=True).start()
+    time.sleep(1.0)
+    print("exiting", flush=True)
+    """
+)
+
+
+def test_exit_with_a_waiter_and_a_hung_probe_is_not_held_up(redis_server: EmbeddedRedis) -> None:
+    """A process that exits while a call waits for a running attempt and a probe hangs exits at once
+    (the listener is stopped at exit, the probe runs on a daemon thread): bounded by the test's
+    subprocess timeout, not measured."""
+    rstore = RedisEffectStore(redis_server.url, namespace=f"wait:{fresh_id()}")
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_WHILE_WAITING, redis_server.url, rstore.namespace],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
+    assert rstore.get("exit-1").status is Status.PENDING  # type: ignore[union-attr]  # left to lapse
