@@ -95,7 +95,7 @@ def test_a_leased_pending_record_is_layout_b_and_ends_as_layout_a(redis_server: 
     store = RedisEffectStore(redis_server.url, namespace=f"lease:{fresh_id()}")
     for tool_call_id in ("by-script", "by-set-nx"):
         assert store.begin(request(tool_call_id, "a")).kind is BeginKind.STARTED
-        raw = store.client.get(store.key(tool_call_id))
+        raw = raw_record(store, tool_call_id)
         record = layout.parse(raw)
         pending_ms = int(store.ttls.seconds(Status.PENDING) * 1000)
         assert raw.startswith(b"bp,1,") and (record.lease_ms, record.ttl_ms) == (LEASE_MS, pending_ms)
@@ -104,11 +104,17 @@ def test_a_leased_pending_record_is_layout_b_and_ends_as_layout_a(redis_server: 
         )
         assert layout.pack(record) == raw
         assert store.commit(request(tool_call_id, "a"), 1, b"\x01", None) is TransitionResult.OK
-        committed = store.client.get(store.key(tool_call_id))
+        committed = raw_record(store, tool_call_id)
         assert committed.startswith(b"ac,1,") and layout.parse(committed).lease_ms is None
     # without a lease: layout a, as before
     store.begin(request("no-lease", "a", lease_ms=None))
-    assert store.client.get(store.key("no-lease")).startswith(b"ap,1,")
+    assert raw_record(store, "no-lease").startswith(b"ap,1,")
+
+
+def raw_record(store: RedisEffectStore, tool_call_id: str) -> bytes:
+    raw = store.client.get(store.key(tool_call_id))
+    assert isinstance(raw, bytes)
+    return raw
 
 
 def test_layout_b_round_trips_and_refuses_a_lease_on_another_status() -> None:
@@ -144,7 +150,7 @@ def test_a_lapsed_lease_is_abandoned_or_taken_over(kind: Kind) -> None:
     kind.lapse(tool_call_id, LEASE_MS + 500)
     assert store.get(tool_call_id).liveness == "abandoned"
     outcome = store.begin(request(tool_call_id, "b"))
-    assert outcome.kind is BeginKind.ABANDONED and outcome.since_renewal_ms > LEASE_MS  # type: ignore[operator]
+    assert outcome.kind is BeginKind.ABANDONED and (outcome.since_renewal_ms or 0) > LEASE_MS
     # a reversible tool may run again: it takes the record over under a lease of its own
     taken = store.begin(request(tool_call_id, "c", reversible=True))
     assert (taken.kind, taken.attempt) == (BeginKind.STARTED, 2)
@@ -194,7 +200,7 @@ def test_renew_is_fenced_on_the_owner_and_the_status(kind: Kind) -> None:
     # a late renewal after the commit changes nothing: the committed TTL runs on as the commit set it
     assert store.renew_leases([request(tool_call_id, "a")]) == [TransitionResult.SUPERSEDED]
     after = store.get(tool_call_id)
-    assert after.status is Status.COMMITTED and after.ttl_ms <= ttl - 5_000  # type: ignore[operator]
+    assert after.status is Status.COMMITTED and (after.ttl_ms or 0) <= ttl - 5_000
 
 
 def test_an_unknown_settle_drops_the_lease(kind: Kind) -> None:
@@ -511,11 +517,12 @@ def test_exit_with_a_call_running_stops_renewing_and_lets_the_lease_lapse(rstore
     assert done.returncode == 0 and "exiting" in done.stdout, done.stderr
     record = rstore.get("stuck-at-exit")
     assert record is not None and record.status is Status.PENDING
-    wait_until(
-        "the lease lapsed",
-        lambda: rstore.get("stuck-at-exit").liveness == "abandoned" or None,
-        10,  # type: ignore[union-attr]
-    )
+    wait_until("the lease lapsed", lambda: _liveness(rstore, "stuck-at-exit") == "abandoned" or None, 10)
+
+
+def _liveness(store: RedisEffectStore, tool_call_id: str) -> str | None:
+    record = store.get(tool_call_id)
+    return record.liveness if record is not None else None
 
 
 # -- topologies ----------------------------------------------------------------------------------

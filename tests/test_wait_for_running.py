@@ -248,7 +248,7 @@ def _numsub(rstore: RedisEffectStore, channel: bytes) -> int:
 def _waited_for(rstore: RedisEffectStore, tool_call_id: str) -> bool:
     """The record's flag that a call waits for its attempt (layout b)."""
     raw = rstore.client.get(rstore.key(tool_call_id))
-    return raw is not None and layout.parse(raw).waited
+    return isinstance(raw, bytes) and layout.parse(raw).waited
 
 
 def test_many_waiters_share_one_connection(redis_server: EmbeddedRedis) -> None:
