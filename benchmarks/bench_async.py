@@ -11,6 +11,10 @@ and without (``auto_pipeline=False``, every command alone, as the floor).
 
     python -m benchmarks.bench_async                     # 3000 calls per level, levels 1 64 256
     python -m benchmarks.bench_async --calls 500 --json out.json
+    python -m benchmarks.bench_async --without-lease     # also the guard with lease=None, to compare
+
+The guard is the default one (``EffectGuard(store)``: a lease of 60 s on every record, see
+docs/in-doubt.md); ``--without-lease`` adds a row of the same guard with ``lease=None`` in every round.
 
 It starts a private redis-server (unix socket unless --tcp) and stops it at the end.
 """
@@ -50,6 +54,8 @@ class Level:
     ratios: tuple[float, ...] = ()
     unpipelined_calls_per_s: float = 0.0  # the store with auto_pipeline=False
     unpipelined_ratios: tuple[float, ...] = ()
+    leaseless_calls_per_s: float = 0.0  # the default store, the guard with lease=None (--without-lease)
+    leaseless_ratios: tuple[float, ...] = ()
 
     @property
     def ratio(self) -> float:
@@ -60,6 +66,10 @@ class Level:
     @property
     def unpipelined_ratio(self) -> float:
         return statistics.median(self.unpipelined_ratios) if self.unpipelined_ratios else 0.0
+
+    @property
+    def leaseless_ratio(self) -> float:
+        return statistics.median(self.leaseless_ratios) if self.leaseless_ratios else 0.0
 
 
 async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> float:
@@ -85,6 +95,7 @@ async def measure_level(  # noqa: PLR0917
     rounds: int,
     warmup: int,
     unpipelined: RedisEffectStore | None = None,
+    without_lease: bool = False,
 ) -> Level:
     client = store.async_client()  # the guard's own pool, for the floor too
     value = encode_result(RESULT, DEFAULT_MAX_RESULT_BYTES)
@@ -96,6 +107,8 @@ async def measure_level(  # noqa: PLR0917
     tools = {"auto": EffectGuard(store).wrap(charge)}
     if unpipelined is not None:
         tools["alone"] = EffectGuard(unpipelined).wrap(charge)
+    if without_lease:
+        tools["leaseless"] = EffectGuard(store, lease=None).wrap(charge)
     run = secrets.token_hex(4)
 
     async def floor_call(i: int) -> None:
@@ -122,6 +135,7 @@ async def measure_level(  # noqa: PLR0917
         for mode, figures in guarded.items():
             figures.append(await drive(calls, concurrency, guarded_call(mode, f"g-{run}-{concurrency}-{r}")))
     alone = guarded.get("alone", [])
+    leaseless = guarded.get("leaseless", [])
     return Level(
         concurrency,
         calls,
@@ -130,14 +144,20 @@ async def measure_level(  # noqa: PLR0917
         tuple(g / f for g, f in zip(guarded["auto"], floor, strict=True)),
         statistics.median(alone) if alone else 0.0,
         tuple(g / f for g, f in zip(alone, floor, strict=True)) if alone else (),
+        statistics.median(leaseless) if leaseless else 0.0,
+        tuple(g / f for g, f in zip(leaseless, floor, strict=True)) if leaseless else (),
     )
 
 
-async def measure(url: str, levels: Sequence[int], calls: int, rounds: int, warmup: int) -> list[Level]:
+async def measure(  # noqa: PLR0917
+    url: str, levels: Sequence[int], calls: int, rounds: int, warmup: int, without_lease: bool = False
+) -> list[Level]:
     store = RedisEffectStore(url, namespace="bench", committed_ttl=120)
     unpipelined = RedisEffectStore(url, namespace="bench", committed_ttl=120, auto_pipeline=False)
     try:
-        return [await measure_level(store, c, calls, rounds, warmup, unpipelined) for c in levels]
+        return [
+            await measure_level(store, c, calls, rounds, warmup, unpipelined, without_lease) for c in levels
+        ]
     finally:
         await store.aclose()
         await unpipelined.aclose()
@@ -151,10 +171,15 @@ def report(levels: Sequence[Level], out: Any = sys.stdout) -> None:
     )
     for level in levels:
         low, high = min(level.ratios, default=level.ratio), max(level.ratios, default=level.ratio)
+        leaseless = (
+            f"  without lease {level.leaseless_calls_per_s:,.0f} calls/s ({level.leaseless_ratio:.2f})"
+            if level.leaseless_ratios
+            else ""
+        )
         print(
             f"{level.concurrency:>11}  {level.floor_calls_per_s:>14,.0f}  "
             f"{level.guarded_calls_per_s:>16,.0f}  {level.ratio:>13.2f}  {low:.2f}-{high:.2f}  "
-            f"{level.unpipelined_calls_per_s:>18,.0f}  {level.unpipelined_ratio:>16.2f}",
+            f"{level.unpipelined_calls_per_s:>18,.0f}  {level.unpipelined_ratio:>16.2f}{leaseless}",
             file=out,
         )
     print("guarded: the store's defaults (auto-pipelining); one by one: auto_pipeline=False", file=out)
@@ -168,7 +193,12 @@ def figures(levels: Sequence[Level], args: argparse.Namespace) -> dict[str, Any]
         "transport": "tcp" if args.tcp else "unix",
         "python": platform.python_version(),
         "levels": [
-            {**asdict(level), "ratio": level.ratio, "unpipelined_ratio": level.unpipelined_ratio}
+            {
+                **asdict(level),
+                "ratio": level.ratio,
+                "unpipelined_ratio": level.unpipelined_ratio,
+                "leaseless_ratio": level.leaseless_ratio,
+            }
             for level in levels
         ],
         "how": "medians over rounds; the ratio is guarded/floor per round, its median reported",
@@ -190,6 +220,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=200, help="warm-up calls per level")
     parser.add_argument("--tcp", action="store_true", help="loopback TCP instead of a unix socket")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--without-lease", action="store_true", help="also measure the guard with lease=None in every round"
+    )
     args = parser.parse_args(argv)
     if args.calls <= 0 or args.rounds <= 0 or args.warmup < 0 or min(args.levels) <= 0:
         parser.error("--calls, --rounds and --levels must be positive, --warmup not negative")
@@ -201,7 +234,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with EmbeddedRedis(unix_socket=not args.tcp) as server:
         with server.client() as admin:
             server_version = str(admin.info("server").get("redis_version"))
-        levels = asyncio.run(measure(server.url, args.levels, args.calls, args.rounds, args.warmup))
+        levels = asyncio.run(
+            measure(server.url, args.levels, args.calls, args.rounds, args.warmup, args.without_lease)
+        )
     report(levels)
     if args.json is not None:
         args.json.write_text(

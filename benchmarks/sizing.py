@@ -12,8 +12,13 @@ PATH, loopback only):
 - Throughput and p50/p99 latency as load grows: ``airlock-redis bench --sweep`` over 1, 2, 4 and 8
   worker processes (8 threads each) on one server and on a 3-primary Redis Cluster (no replicas:
   this machine has 2 cores for everything).
+- The same sweep in each mode of :data:`MODES` (``--modes``; default all): blocking calls with and
+  without write-behind commits, and asyncio calls (``ASYNC_CONCURRENCY`` coroutines per process)
+  with and without auto-pipelining and with write-behind, over ``--mode-processes`` (default 1, 2,
+  4), on both topologies; the Redis process CPU per call of each point comes with it.
 Derived, and said to be: calls/s one primary core can serve (1 / process CPU per call, with half of
-the core kept free), records kept for a TTL, GB and primaries for a given rate.
+the core kept free), records kept for a TTL, GB and primaries for a given rate; per mode, the peak
+and the calls/s per primary core from that mode's own CPU per call.
 
 Writes ``<out>.json``, ``<out>.md`` and the sweep plots ``<out>-single.png`` / ``<out>-cluster.png``.
 """
@@ -43,6 +48,33 @@ RATES = (100, 1_000, 10_000)  # guarded calls/s in the derived table
 TTL_HOURS = 24  # the committed TTL's default
 SIZED_RESULT = 200  # result size the derived table assumes
 GB_PER_PRIMARY = 25  # memory a sizing plans per primary (the dataset, not the machine's RAM)
+ASYNC_CONCURRENCY = 64  # coroutines per process in the asyncio modes
+MODE_PROCESSES = (1, 2, 4)  # process counts of the per-mode sweeps (more than 2 only adds latency here)
+# the modes a sizing compares: name -> BenchConfig fields (what `airlock-redis bench` options give);
+# asyncio auto-pipelines unless "no-pipeline"
+MODES: dict[str, dict[str, Any]] = {
+    "threads": {"mode": "threads", "concurrency": 8},
+    "threads+write-behind": {"mode": "threads", "concurrency": 8, "write_behind": True},
+    "asyncio": {"mode": "asyncio", "concurrency": ASYNC_CONCURRENCY},
+    "asyncio-no-pipeline": {
+        "mode": "asyncio",
+        "concurrency": ASYNC_CONCURRENCY,
+        "auto_pipeline": False,
+    },
+    "asyncio+write-behind": {
+        "mode": "asyncio",
+        "concurrency": ASYNC_CONCURRENCY,
+        "write_behind": True,
+    },
+}
+# the `airlock-redis bench` options of each mode, for the table's commands
+MODE_OPTIONS = {
+    "threads": "--concurrency 8",
+    "threads+write-behind": "--concurrency 8 --write-behind",
+    "asyncio": f"--mode asyncio --concurrency {ASYNC_CONCURRENCY}",
+    "asyncio-no-pipeline": f"--mode asyncio --concurrency {ASYNC_CONCURRENCY} --no-auto-pipeline",
+    "asyncio+write-behind": (f"--mode asyncio --concurrency {ASYNC_CONCURRENCY} --write-behind"),
+}
 
 
 def cpu_by_result_size(url: str, calls: int) -> list[dict[str, Any]]:
@@ -74,6 +106,54 @@ def sweep_on(url: str, seconds: float, title: str, png: Path) -> list[dict[str, 
     points = sweep(config, PROCESS_COUNTS, title, measured)
     write_sweep_plot(points, f"airlock-redis bench --sweep: {title}, 8 threads per process", png)
     return [p.to_json() for p in points]
+
+
+def sweep_modes(
+    url: str, seconds: float, title: str, modes: list[str], counts: tuple[int, ...]
+) -> dict[str, list[dict[str, Any]]]:
+    """One sweep over ``counts`` processes per mode of :data:`MODES`."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in modes:
+        config = BenchConfig(url=url, duration=seconds, value_bytes=SIZED_RESULT, **MODES[name])
+
+        def measured(point: SweepPoint, name: str = name) -> None:
+            print(
+                f"  {title}, {name}, {point.processes} processes: {point.calls_per_s:,.0f} calls/s "
+                f"(p99 {point.p99_ms:.1f} ms, Redis CPU {point.server_cpu_us_per_call or 0:.1f} us/call)",
+                file=sys.stderr,
+            )
+
+        found[name] = [p.to_json() for p in sweep(config, counts, title, measured)]
+    return found
+
+
+def by_mode(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per mode: the peak calls/s on each topology (and its p99), and the Redis process CPU per call
+    on the single server at that peak, with what one primary core serves at it (arithmetic)."""
+    rows = []
+    for name, topologies in report.get("modes", {}).items():
+        row: dict[str, Any] = {"mode": name, "options": MODE_OPTIONS.get(name, "")}
+        for topology in ("single", "cluster"):
+            points = topologies.get(topology) or []
+            if not points:
+                continue
+            peak = max(points, key=lambda p: p["calls_per_s"])
+            row[topology] = {
+                "calls_per_s": peak["calls_per_s"],
+                "processes": peak["processes"],
+                "p50_ms": peak["p50_ms"],
+                "p99_ms": peak["p99_ms"],
+                "server_cpu_us_per_call": peak["server_cpu_us_per_call"],
+                "server_us_per_call": peak["server_us_per_call"],
+            }
+        single = row.get("single")
+        if single and single["server_cpu_us_per_call"]:
+            row["calls_per_s_per_primary_core"] = 1e6 / single["server_cpu_us_per_call"]
+            row["primaries_for_10000"] = max(
+                1, -(-10_000 // int(row["calls_per_s_per_primary_core"] * HEADROOM))
+            )
+        rows.append(row)
+    return rows
 
 
 def derived(cpu: list[dict[str, Any]], memory: dict[str, Any]) -> dict[str, Any]:
@@ -115,6 +195,13 @@ def _md_table(rows: list[list[str]]) -> str:
 
 
 def markdown(report: dict[str, Any]) -> str:
+    if "derived" not in report:  # --only-modes
+        head = [
+            "# Sizing figures by mode (measured by `python -m benchmarks.sizing --only-modes`)",
+            f"Machine: {report['machine']}. Server: {report['server']}. Every server ran on this machine, "
+            "loopback, with its default configuration; the load generator shared the same 2 cores.",
+        ]
+        return "\n\n".join([*head, *_modes_markdown(report)])
     d = report["derived"]
     cpu_rows = [["result", "Redis us/call in commands", "Redis process CPU us/call"]]
     cpu_rows += [
@@ -169,8 +256,48 @@ def markdown(report: dict[str, Any]) -> str:
             "(the committed TTL), so memory = rate x TTL x record size. The primaries needed are the larger "
             "of the two columns; each replica holds a full copy of its primary's records.",
             _md_table(size_rows),
+            *_modes_markdown(report),
         ]
     )
+
+
+def _modes_markdown(report: dict[str, Any]) -> list[str]:
+    rows = by_mode(report)
+    if not rows:
+        return []
+    table = [
+        [
+            "mode (`airlock-redis bench` options)",
+            "one server: peak calls/s (processes, p99 ms)",
+            "Redis process CPU us/call there",
+            "calls/s per primary core (derived)",
+            "3-primary Cluster: peak calls/s (processes, p99 ms)",
+        ]
+    ]
+    for row in rows:
+        single, cluster = row.get("single"), row.get("cluster")
+        table.append(
+            [
+                f"{row['mode']} (`{row['options']}`)",
+                f"{single['calls_per_s']:,.0f} ({single['processes']}, {single['p99_ms']:.1f})"
+                if single
+                else "-",
+                f"{single['server_cpu_us_per_call']:.1f}"
+                if single and single["server_cpu_us_per_call"]
+                else "-",
+                f"{row['calls_per_s_per_primary_core']:,.0f}"
+                if "calls_per_s_per_primary_core" in row
+                else "-",
+                f"{cluster['calls_per_s']:,.0f} ({cluster['processes']}, {cluster['p99_ms']:.1f})"
+                if cluster
+                else "-",
+            ]
+        )
+    out = ["## By mode, measured (200 B results)", _md_table(table)]
+    for name, topologies in report["modes"].items():
+        for topology, points in topologies.items():
+            out += [f"### {name}, {topology}", _md_table(sweep_rows([SweepPoint(**p) for p in points]))]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,10 +306,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=4000, help="calls per CPU measurement (default 4000)")
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per sweep point (default 5)")
     parser.add_argument("--from-json", type=Path, help="only redo the derived table and text from a report")
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"modes to sweep, comma-separated, from: {'; '.join(MODES)} (default: all; '' for none)",
+    )
+    parser.add_argument(
+        "--mode-processes",
+        default=",".join(map(str, MODE_PROCESSES)),
+        help="process counts of the per-mode sweeps (default %(default)s)",
+    )
+    parser.add_argument(
+        "--only-modes", action="store_true", help="measure only the per-mode sweeps (no CPU by size, memory)"
+    )
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"no such mode: {unknown}; the modes: {list(MODES)}")
+    mode_counts = tuple(int(n) for n in args.mode_processes.split(",") if n.strip())
     if args.from_json is not None:
         saved: dict[str, Any] = json.loads(args.from_json.read_text(encoding="utf-8"))
-        saved["derived"] = derived(saved["cpu_by_result_size"], saved["memory_by_result_size"])
+        if "cpu_by_result_size" in saved:
+            saved["derived"] = derived(saved["cpu_by_result_size"], saved["memory_by_result_size"])
         Path(f"{args.out}.json").write_text(json.dumps(saved, indent=2) + "\n", encoding="utf-8")
         Path(f"{args.out}.md").write_text(markdown(saved) + "\n", encoding="utf-8")
         return 0
@@ -191,25 +337,38 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "machine": f"{platform.machine()}, {platform.python_version()}",
         "server": find_redis_server(),
+        "mode_processes": list(mode_counts),
     }
+    found: dict[str, dict[str, list[dict[str, Any]]]] = {name: {} for name in modes}
     with EmbeddedRedis(unix_socket=False) as server:
-        print("measuring CPU per call by result size", file=sys.stderr)
-        report["cpu_by_result_size"] = cpu_by_result_size(server.url, args.calls)
-        print("sweeping load on one server", file=sys.stderr)
-        report["sweep_single"] = sweep_on(
-            server.url, args.seconds, "one server", Path(f"{args.out}-single.png")
-        )
-    print("measuring memory per record", file=sys.stderr)
-    rows = record_memory.measure(list(RESULT_SIZES), 200, False)["rows"]
-    report["memory_by_result_size"] = {
-        str(row["size"]): {"record": row["record"], "beyond": row["beyond"]} for row in rows
-    }
+        if not args.only_modes:
+            print("measuring CPU per call by result size", file=sys.stderr)
+            report["cpu_by_result_size"] = cpu_by_result_size(server.url, args.calls)
+            print("sweeping load on one server", file=sys.stderr)
+            report["sweep_single"] = sweep_on(
+                server.url, args.seconds, "one server", Path(f"{args.out}-single.png")
+            )
+        for name, points in sweep_modes(server.url, args.seconds, "one server", modes, mode_counts).items():
+            found[name]["single"] = points
+    if not args.only_modes:
+        print("measuring memory per record", file=sys.stderr)
+        rows = record_memory.measure(list(RESULT_SIZES), 200, False)["rows"]
+        report["memory_by_result_size"] = {
+            str(row["size"]): {"record": row["record"], "beyond": row["beyond"]} for row in rows
+        }
     with ClusterTopology(primaries=3, replicas=0) as cluster:
-        print("sweeping load on a 3-primary cluster", file=sys.stderr)
-        report["sweep_cluster"] = sweep_on(
-            cluster.url, args.seconds, "3-primary Cluster", Path(f"{args.out}-cluster.png")
-        )
-    report["derived"] = derived(report["cpu_by_result_size"], report["memory_by_result_size"])
+        if not args.only_modes:
+            print("sweeping load on a 3-primary cluster", file=sys.stderr)
+            report["sweep_cluster"] = sweep_on(
+                cluster.url, args.seconds, "3-primary Cluster", Path(f"{args.out}-cluster.png")
+            )
+        for name, points in sweep_modes(
+            cluster.url, args.seconds, "3-primary Cluster", modes, mode_counts
+        ).items():
+            found[name]["cluster"] = points
+    report["modes"] = found
+    if not args.only_modes:
+        report["derived"] = derived(report["cpu_by_result_size"], report["memory_by_result_size"])
     Path(f"{args.out}.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     text = markdown(report)
     Path(f"{args.out}.md").write_text(text + "\n", encoding="utf-8")

@@ -2,7 +2,9 @@
 
 - The workload: ``workers`` spawned processes make guarded calls, sync and async, of an irreversible
   (``transfer``), a costly (``send_sms``) and a reversible (``refresh``) tool, with and without
-  ``wait_replicas`` (one configuration per tool_call_id), a quarter of them retries of earlier ids (any
+  ``wait_replicas``, through stores with and without ``write_behind`` (one configuration per
+  tool_call_id; a write-behind commit is noted ``queued`` and its landing apart, see
+  :class:`RecordingStore`), a quarter of them retries of earlier ids (any
   worker's), and an immediate retry after half the refusals and errors. A tool body sleeps a few
   milliseconds (so that faults land mid-call), and raises a plain error (released) or an ambiguous one
   (unknown) now and then. Every call, execution and store step is written as it happens (JSON lines).
@@ -46,6 +48,8 @@ from airlock_redis.context import current_call_context
 from airlock_redis.core.codec import decode_result
 from airlock_redis.core.records import BeginOutcome, BeginRequest, Settlement, TransitionResult
 from airlock_redis.core.reversibility import ReversibilityName
+from airlock_redis.stores import write_behind as write_behind_module
+from airlock_redis.stores.replies import parse_transition
 from tests import history_checker
 from tests.faults import (
     Action,
@@ -86,6 +90,7 @@ MAX_CALLS_PER_WORKER = 50_000
 BURST_SHARE = 0.2
 WORKER_GRACE = 60.0  # a worker stops by itself this long after its planned end, whatever happens
 SWEEP_IDS = 400  # ids retried once after the run (a sample when there are more)
+FLUSH_AFTER_BURST = 5.0  # at most this long the worker's loop runs on for a burst's write-behind writes
 
 _CALL_KEY: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
     "fault_run_call", default=(-1, -1)
@@ -101,11 +106,56 @@ GUARD_OPTIONS: dict[str, Any] = {"lease": 1.0, "renew_every": 0.25, "wait_for_ru
 
 class RecordingStore(RedisEffectStore):
     """A RedisEffectStore that notes every begin, durability check, commit and settle of the current
-    call (``steps``: the checker's ``store`` events), through the store's public operations only."""
+    call (``steps``: the checker's ``store`` events), through the store's public operations only.
+
+    With ``write_behind=True`` a commit (and a settle to unknown) answers OK as soon as it is queued:
+    it is noted with the result ``queued``, never ``ok`` (the checker must not take it for a confirmed
+    commit), and when the store's sender lands it or gives it up, a ``commit:landed`` (or
+    ``settle:unknown:landed``) step is noted with the answer the server gave (``ok``, ``superseded``,
+    ...) or ``error:<type>`` (see :func:`watch_write_behind`)."""
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self.steps: list[dict[str, Any]] = []
+        self._steps_lock = threading.Lock()  # the write-behind sender notes landings from its thread
+        if self.write_behind:
+            watch_write_behind()
+
+    def take_steps(self) -> list[dict[str, Any]]:
+        """The steps noted so far (and forgotten here)."""
+        with self._steps_lock:
+            steps, self.steps = self.steps, []
+        return steps
+
+    def _add_step(self, step: dict[str, Any]) -> None:
+        with self._steps_lock:
+            self.steps.append(step)
+
+    def _queued(self, op: str, request: BeginRequest, sent: float) -> None:
+        """Before a write-behind write is handed to the store: where to note its landing."""
+        w, n = _CALL_KEY.get()
+        with _BEHIND_LOCK:
+            _BEHIND_WRITES[request.token, op] = (self, w, n, request.tool_call_id, sent)
+
+    def _behind_done(self, op: str, request: BeginRequest, result: str, detail: str, at: float = 0.0) -> None:
+        with _BEHIND_LOCK:
+            found = _BEHIND_WRITES.pop((request.token, op), None)
+        if found is None or not result:  # not queued after all (it raised): nothing will land
+            return
+        _, w, n, tool_call_id, sent = found
+        step: dict[str, Any] = {
+            "type": "store",
+            "w": w,
+            "n": n,
+            "id": tool_call_id,
+            "op": f"{op}:landed",
+            "result": result,
+            "sent": sent,
+            "done": at,
+        }
+        if detail:
+            step["detail"] = detail[:300]
+        self._add_step(step)
 
     def _note(  # noqa: PLR0917
         self,
@@ -132,13 +182,18 @@ class RecordingStore(RedisEffectStore):
         if error is not None:
             step["maybe_applied"] = getattr(error, "maybe_applied", None)
             step["detail"] = f"{type(error).__name__}: {error}"[:300]
-        self.steps.append(step)
+        elif self.write_behind and op in _BEHIND_OPS and result == "ok":
+            step["result"] = "queued"  # OK at once: only queued (its landing is noted apart)
+        self._add_step(step)
 
     def _sync(self, op: str, request: BeginRequest, do: Callable[[], T]) -> T:
         sent = time.time()
+        if self.write_behind and op in _BEHIND_OPS:
+            self._queued(op, request, sent)
         try:
             answer = do()
         except BaseException as exc:
+            self._behind_done(op, request, "", "")  # not queued: nothing will land
             self._note(op, request, sent, f"error:{type(exc).__name__}", exc)
             raise
         self._note(op, request, sent, _answer(answer), None, answer)
@@ -146,9 +201,12 @@ class RecordingStore(RedisEffectStore):
 
     async def _async(self, op: str, request: BeginRequest, do: Callable[[], Awaitable[T]]) -> T:
         sent = time.time()
+        if self.write_behind and op in _BEHIND_OPS:
+            self._queued(op, request, sent)
         try:
             answer = await do()
         except BaseException as exc:
+            self._behind_done(op, request, "", "")
             self._note(op, request, sent, f"error:{type(exc).__name__}", exc)
             raise
         self._note(op, request, sent, _answer(answer), None, answer)
@@ -195,6 +253,52 @@ class RecordingStore(RedisEffectStore):
         )
 
 
+# what a write-behind store queues (a release is always sent and waited for)
+_BEHIND_OPS = ("commit", "settle:unknown")
+_BEHIND_WHAT = {"commit": "commit", "settle to unknown": "settle:unknown"}
+# write-behind writes queued and not landed yet: (attempt token, op) -> (store, w, n, id, when queued)
+_BEHIND_WRITES: dict[tuple[str, str], tuple[RecordingStore, int, int, str, float]] = {}
+_BEHIND_LOCK = threading.Lock()
+
+
+def watch_write_behind() -> None:
+    """Note when each write-behind write of a RecordingStore lands or is given up. The store reports
+    neither (it only logs a failure), so this wraps the sender's ``_landed`` and ``_given_up`` (tests
+    only, once per process). Without them (renamed) no landing is noted, and the checker goes by what
+    the calls saw alone (a replay of the value, the final record)."""
+    behind = write_behind_module
+    landed, given_up = getattr(behind, "_landed", None), getattr(behind, "_given_up", None)
+    if landed is None or given_up is None or getattr(behind, "_fault_run_watched", False):
+        return
+
+    def done(write: Any, result: str, detail: str, at: float) -> None:
+        op = _BEHIND_WHAT.get(str(getattr(write, "what", "")), "")
+        request = getattr(write, "request", None)
+        with _BEHIND_LOCK:
+            found = _BEHIND_WRITES.get((getattr(request, "token", ""), op))
+        if found is not None and isinstance(request, BeginRequest):
+            found[0]._behind_done(op, request, result, detail, at)
+
+    def noting_landed(write: Any, reply: Any, landing: Any) -> None:
+        at = time.time()  # the reply is here: the write is on the server (before anyone waiting hears it)
+        try:
+            result: str | None = parse_transition(reply).value
+        except Exception:
+            result = None  # _landed gives it up (through noting_given_up)
+        landed(write, reply, landing)
+        if result is not None:
+            done(write, result, "", at)
+
+    def noting_given_up(write: Any, error: BaseException, landing: Any) -> None:
+        at = time.time()
+        given_up(write, error, landing)
+        done(write, f"error:{type(error).__name__}", f"{type(error).__name__}: {error}", at)
+
+    behind._landed = noting_landed
+    behind._given_up = noting_given_up
+    behind._fault_run_watched = True  # type: ignore[attr-defined]
+
+
 def _answer(answer: Any) -> str:
     if isinstance(answer, BeginOutcome):
         return str(answer.kind.value)
@@ -217,37 +321,49 @@ def random_ending(rng: random.Random) -> Callable[[str], str]:
     return ending
 
 
+Setup = tuple[int, bool]  # a store's (wait_replicas, write_behind)
+
+
+def _setup(key: int | Setup) -> Setup:
+    return (key, False) if isinstance(key, int) else (int(key[0]), bool(key[1]))
+
+
 class Workload:
-    """Guarded calls of the three tools, sync and async, through one store per ``wait_replicas``
-    setting; every call, execution and store step goes to ``sink`` as it happens."""
+    """Guarded calls of the three tools, sync and async, through one store per setup (its
+    ``wait_replicas``, and whether it is ``write_behind``: keys ``(wait, write_behind)``, or a bare
+    wait for a store without write-behind); every call, execution and store step goes to ``sink``."""
 
     def __init__(  # noqa: PLR0917
         self,
         worker: int,
-        stores: Mapping[int, RecordingStore],
+        stores: Mapping[int, RecordingStore] | Mapping[Setup, RecordingStore],
         replicas: int,
         sink: Sink,
         ending: Callable[[str], str],
         nap: Callable[[], float] = lambda: 0.0,
-        wait_for: Callable[[str], int] | None = None,
+        wait_for: Callable[[str], int] | Callable[[str], Setup] | None = None,
     ) -> None:
         self.worker = worker
         self._wait_for = wait_for
-        self.stores = dict(stores)
+        self.stores: dict[Setup, RecordingStore] = {_setup(key): store for key, store in stores.items()}
         self.replicas = replicas  # replicas per primary: a wait of at least this covers every one
         self.sink = sink
         self.ending = ending
         self.nap = nap
         self.calls = 0
-        self.tools = {wait: self._tools(store) for wait, store in self.stores.items()}
+        self.tools = {setup: self._tools(store) for setup, store in self.stores.items()}
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def wait_of(self, tool_call_id: str) -> int:
-        """The id's own ``wait_replicas`` (every attempt of one id uses the same)."""
+    def setup_of(self, tool_call_id: str) -> Setup:
+        """The id's own store setup (every attempt of one id uses the same)."""
         if self._wait_for is not None:
-            return self._wait_for(tool_call_id)
-        waits = sorted(self.stores)
-        return waits[zlib.crc32(tool_call_id.encode()) % len(waits)]
+            return _setup(self._wait_for(tool_call_id))
+        setups = sorted(self.stores)
+        return setups[zlib.crc32(tool_call_id.encode()) % len(setups)]
+
+    def wait_of(self, tool_call_id: str) -> int:
+        """The id's own ``wait_replicas``."""
+        return self.setup_of(tool_call_id)[0]
 
     def _tools(self, store: RecordingStore) -> dict[tuple[str, str], Callable[..., Any]]:
         guard = EffectGuard(store=store, **GUARD_OPTIONS)
@@ -333,14 +449,21 @@ class Workload:
         async def every() -> list[dict[str, Any]]:
             return list(await asyncio.gather(*(one(i) for i in tool_call_ids)))
 
-        events = self._async_loop().run_until_complete(every())
+        loop = self._async_loop()
+        events = loop.run_until_complete(every())
+        # the loop runs only during these calls here, and its write-behind sender with it: keep it
+        # running until what the burst queued has landed, as a host's loop that never stops would
+        for setup, store in self.stores.items():
+            if setup[1]:
+                loop.run_until_complete(store.aflush(FLUSH_AFTER_BURST))
         self._sink_steps()
         return events
 
     def _starting(self, tool_call_id: str, kind: str) -> tuple[dict[str, Any], Any, tuple[Any, Any]]:
         tool = tool_call_id.split(":", 1)[0]
-        wait = self.wait_of(tool_call_id)
-        fn = self.tools[wait][tool, kind]
+        setup = self.setup_of(tool_call_id)
+        wait, behind = setup
+        fn = self.tools[setup][tool, kind]
         n = self.calls
         self.calls += 1
         nonce = os.urandom(8).hex()
@@ -354,6 +477,7 @@ class Workload:
             "kind": kind,
             "wait": wait,
             "covers": wait >= self.replicas > 0,
+            "behind": behind,
             "nonce": nonce,
             "started": time.time(),
         }
@@ -379,8 +503,7 @@ class Workload:
 
     def _sink_steps(self) -> None:
         for store in self.stores.values():
-            steps, store.steps = store.steps, []
-            for step in steps:
+            for step in store.take_steps():
                 self.sink(step)
 
     def _async_loop(self) -> asyncio.AbstractEventLoop:
@@ -395,6 +518,7 @@ class Workload:
                     self._loop.run_until_complete(store.aclose())
             with contextlib.suppress(Exception):
                 store.close()
+        self._sink_steps()  # the landings of the write-behind writes the closes flushed
         if self._loop is not None:
             self._loop.close()
             self._loop = None
@@ -417,6 +541,7 @@ class WorkerPlan:
     replicas: int
     out: str
     store_class: str = "tests.fault_run:RecordingStore"
+    write_behind: tuple[bool, ...] = (False, True)  # one store per wait and per choice here
 
 
 def store_class(dotted: str) -> type[RecordingStore]:
@@ -426,18 +551,21 @@ def store_class(dotted: str) -> type[RecordingStore]:
     return found
 
 
-def make_stores(plan: WorkerPlan) -> dict[int, RecordingStore]:
+def make_stores(plan: WorkerPlan) -> dict[Setup, RecordingStore]:
+    """One store per ``wait_replicas`` and write-behind choice (an id keeps one: Workload.setup_of)."""
     cls = store_class(plan.store_class)
     return {
-        wait: cls(
+        (wait, behind): cls(
             plan.url,
             namespace=plan.namespace,
             wait_replicas=wait,
             wait_timeout=0.5,
             socket_timeout=1.0,
             socket_connect_timeout=1.0,
+            write_behind=behind,
         )
         for wait in plan.waits
+        for behind in plan.write_behind
     }
 
 

@@ -8,6 +8,7 @@ The events (every time is unix seconds, from one machine's clock):
 
 - ``call``: one guarded call. ``w``/``n`` (worker, call number: the call's key), ``id``, ``tool``,
   ``kind`` (sync/async), ``wait`` (the store's ``wait_replicas``; ``covers``: it covers every replica),
+  ``behind`` (the store is ``write_behind``),
   ``started``, ``ended``, ``result`` (``executed`` | ``replayed`` | ``refused:<reason>`` |
   ``error:<type>``), ``nonce`` (this call's), ``value_call`` (the nonce inside the value the caller got:
   its own when the tool ran, the first execution's when replayed).
@@ -15,8 +16,13 @@ The events (every time is unix seconds, from one machine's clock):
   returned; ``plain``: it raised a plain error, the guard releases; ``ambiguous``: it raised an error
   that leaves its effect in doubt, the guard marks it unknown).
 - ``store``: one store step of a call: ``w``/``n``, ``id``, ``op`` (``begin``, ``durable``, ``commit``,
-  ``settle:release``, ``settle:unknown``), ``result`` (the store's answer, or ``error:<type>``),
-  ``maybe_applied`` (for errors), ``sent``, ``done``.
+  ``settle:release``, ``settle:unknown``), ``result`` (the store's answer, or ``error:<type>``; a
+  write-behind store's commit and settle to unknown answer at once and are written ``queued``),
+  ``maybe_applied`` (for errors), ``sent``, ``done``. A queued write's landing is a step of its own,
+  ``commit:landed`` (or ``settle:unknown:landed``): ``result`` the server's answer (``ok``,
+  ``superseded``, ...) or ``error:<type>`` (given up), ``sent`` when it was queued, ``done`` when the
+  store's sender had the answer (none when the history holds no landings: the checker then goes by
+  the evidence below).
 - ``fault``: one fault the nemesis drew: ``name``, ``start``, ``end`` (when it was healed), ``loses``
   (it may discard writes a replica did not hold: a primary killed without persistence, a failover, a
   demoted primary).
@@ -31,6 +37,17 @@ The rules (docs/faults.md, "The checker"):
    again or replayed another value (or a value no execution returned), or the final record is not that
    commit. Documented when a fault that loses writes fell between the commit and what was seen (commits
    are not waited for: a commit that a replica did not hold dies with its primary).
+   A write-behind commit (``queued``) is not a confirmed commit: the caller got its value before the
+   commit was sent, and one that never lands leaves the record pending (retries refused, never run;
+   README, write-behind), which is no violation. It counts as confirmed from the moment it is known to
+   have landed, the earliest of: its ``commit:landed`` step answered ``ok`` (or ``recreated``), and the
+   end of the begin of another call that replayed its value (that read found it). From then on rule 2
+   holds it like any other commit (and its doubt, rule 4, ends there); a call of the same worker (the
+   process that queued it, whose store waits for a record's queued writes before it reads the record)
+   is held to it from the moment it was queued, once it is known to have landed. A queued commit with
+   neither is judged by the final record alone: if the record is that commit it landed, if not it may
+   never have (counted in ``write_behind``), and rule 1 still forbids a second run of a tool that is
+   not reversible.
 3. ``left_in_doubt``: the final record is ``pending`` or ``unknown`` although the guard knew the call
    never took effect: no execution of the id returned or raised in doubt (every attempt was refused
    before running, failed its begin, or its tool raised a plain error). Counted apart (conservative)
@@ -61,6 +78,7 @@ RULES = ("executed_twice", "commit_not_replayed", "left_in_doubt", "unjustified_
 REVERSIBLE = frozenset({"refresh"})
 _DOUBT_FOREVER = float("inf")
 _CONFIRMED = ("ok", "recreated")
+_QUEUED = "queued"  # a write-behind store's commit or settle to unknown: OK at once, sent later
 _RELEASED = ("ok", "missing", "superseded")  # superseded: another attempt's record, not this one's
 _ALWAYS_WRONG = ("refused:policy_violation", "refused:result_not_stored", "refused:record_corrupt")
 # refusals that need another attempt holding the record: in doubt (or abandoned), or running (a lease)
@@ -82,6 +100,8 @@ class Attempt:
     call: dict[str, Any]
     steps: list[dict[str, Any]] = field(default_factory=list)
     execution: dict[str, Any] | None = None
+    # a queued (write-behind) commit: when it is known to have landed (None: it is not); see rule 2
+    landed_at: float | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -125,6 +145,18 @@ class Attempt:
                 return float(step["done"])
         return None
 
+    @property
+    def commit_queued(self) -> bool:
+        """Its commit went to a write-behind store: answered at once, only queued."""
+        return any(s["result"] == _QUEUED for s in self._steps("commit"))
+
+    def commit_confirmed(self) -> float | None:
+        """When its commit was confirmed: answered ``ok``/``recreated``; for a queued commit, when it
+        is known to have landed (None: never, or not known)."""
+        if self.commit_queued:
+            return self.landed_at
+        return self.confirmed("commit", _CONFIRMED)
+
     def sent(self, op: str) -> float | None:
         steps = self._steps(op)
         return float(steps[0]["sent"]) if steps else None
@@ -142,7 +174,7 @@ class Attempt:
             released = self.confirmed("settle:release", _RELEASED)
             return self.begin_sent, released if released is not None else _DOUBT_FOREVER
         if self.ending == "ok":
-            committed = self.confirmed("commit", _CONFIRMED)
+            committed = self.commit_confirmed()
             return self.begin_sent, committed if committed is not None else _DOUBT_FOREVER
         return self.begin_sent, _DOUBT_FOREVER  # in doubt: unknown for good
 
@@ -219,6 +251,7 @@ class _History:
             self.by_id[str(attempt.call["id"])].append(attempt)
         for attempts in self.by_id.values():
             attempts.sort(key=lambda a: a.begin_sent)
+            _find_landings(attempts)
 
     def loss_between(self, since: float, until: float) -> dict[str, Any] | None:
         """A fault that may lose unreplicated writes and overlaps [since, until]."""
@@ -226,6 +259,42 @@ class _History:
             if fault.get("loses") and float(fault["start"]) <= until and float(fault["end"]) >= since:
                 return fault
         return None
+
+
+def _find_landings(attempts: list[Attempt]) -> None:
+    """When each queued (write-behind) commit of one id is known to have landed (rule 2): its own
+    ``commit:landed`` step, or the end of the begin of a call that replayed its value."""
+    for a in attempts:
+        if a.execution is None or a.ending != "ok" or not a.commit_queued:
+            continue
+        nonce = str(a.execution["nonce"])
+        seen = [float(s["done"]) for s in a.steps if s["op"] == "commit:landed" and s["result"] in _CONFIRMED]
+        seen += [
+            b.begin_done
+            for b in attempts
+            if b is not a and b.call["result"] == "replayed" and str(b.call.get("value_call")) == nonce
+        ]
+        a.landed_at = min(seen, default=None)
+
+
+def _write_behind_counts(history: _History) -> dict[str, int]:
+    """The queued commits of the run and what became of them."""
+    counts: Counter[str] = Counter()
+    for attempts in history.by_id.values():
+        for a in attempts:
+            if not a.commit_queued:
+                continue
+            counts["queued"] += 1
+            landings = [str(s["result"]) for s in a.steps if s["op"] == "commit:landed"]
+            if not landings:
+                counts["landing_unseen"] += 1
+            elif landings[-1].startswith("error"):
+                counts["given_up"] += 1
+            else:
+                counts[f"landed_{landings[-1]}"] += 1
+            if a.landed_at is not None:
+                counts["known_landed"] += 1
+    return dict(sorted(counts.items()))
 
 
 def _who(a: Attempt) -> str:
@@ -274,6 +343,8 @@ def check(
         "records": dict(Counter(str((r or {}).get("status", "none")) for r in records.values())),
         "orphan_executions": history.orphans,
     }
+    if behind := _write_behind_counts(history):
+        counts["write_behind"] = behind
     timelines = {v.tool_call_id: timeline(history, v.tool_call_id) for v in violations}
     return Verdict(violations, documented, counts, timelines)
 
@@ -311,12 +382,16 @@ def _commit_not_replayed(
             what = f"call w{a.key[0]}#{a.key[1]} replayed a value no execution returned"
             out.append(Violation("commit_not_replayed", tool_call_id, what))
     for committed in attempts:
-        at = committed.confirmed("commit", _CONFIRMED)
+        at = committed.commit_confirmed()  # a queued commit: once it is known to have landed
         if committed.execution is None or committed.ending != "ok" or at is None:
             continue
         nonce = str(committed.execution["nonce"])
+        queued = committed.sent("commit") if committed.commit_queued else None
         for later in attempts:
-            if later is committed or later.begin_sent <= at:
+            # a write-behind store's own process waits for a record's queued writes before its next
+            # begin of that record: a call of the same worker binds from the moment the commit was queued
+            since = queued if queued is not None and later.key[0] == committed.key[0] else at
+            if later is committed or later.begin_sent <= since:
                 continue
             result = later.call["result"]
             if later.execution is not None:
@@ -388,7 +463,7 @@ def _given_back_by_take_over(writers: list[Attempt], record: Mapping[str, Any]) 
         for a in writers
         if a.took_over_unrun
         and any(s["op"] == "begin" and int(s.get("attempt") or 1) == owner for s in a.steps)
-        and a.confirmed("settle:unknown", ("ok",)) is not None
+        and a.confirmed("settle:unknown", ("ok", _QUEUED)) is not None  # queued: the record shows it landed
     ]
     others = [a for a in writers if a not in takers]
     return bool(takers) and all(a.confirmed("settle:release", ("superseded",)) is not None for a in others)

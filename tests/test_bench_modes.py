@@ -1,6 +1,7 @@
 """``airlock-redis bench --mode``: the asyncio mode (coroutines on one event loop per process, with or
 without the store's auto-pipelining) runs the same guarded calls and checks as the threads mode, the
-report says which mode ran, and ``--sweep-concurrency`` runs once per concurrency level. Each run is
+report says which modes ran (write-behind and lease too) and what the duplicates that waited for a
+running attempt got, and ``--sweep-concurrency`` runs once per concurrency level. Each run is
 a ``python -m airlock_redis bench`` against its own private redis-server, with tiny counts; nothing
 here asserts on speed."""
 
@@ -124,3 +125,51 @@ def test_summary_without_a_mode_is_the_threads_mode() -> None:
     assert summary.mode == "threads" and summary.auto_pipeline is None
     assert summary.to_json()["auto_pipeline"] is None
     assert dict(summary.rows())["auto_pipeline"].startswith("not applicable")
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_write_behind_and_waits_are_reported(tmp_path: Path) -> None:
+    """--write-behind with many duplicates: the report names every mode that ran, counts the duplicate
+    calls, and says what the ones that waited for a running attempt got (how many wait depends on
+    timing: only the arithmetic is checked)."""
+    figures, printed = asyncio_run(tmp_path, "--write-behind", "--duplicate-rate", "0.5")
+    assert figures["write_behind"] is True and figures["lease"] is True
+    assert figures["config"]["write_behind"] is True
+    assert figures["calls"] == 200 and figures["duplicate_executions"] == 0
+    assert 0 < figures["duplicates"] < 200
+    assert figures["executed"] + figures["replayed"] + figures["refused"] == 200
+    waited = figures["waited"]
+    assert waited["total"] == waited["replayed"] + waited["refused_in_progress"] + waited["other"]
+    assert waited["total"] == sum(waited["by_outcome"].values()) <= figures["duplicates"]
+    lines = dict(line.split(None, 1) for line in printed.splitlines() if line.startswith(("write_", "lease")))
+    assert lines == {"write_behind": "on", "lease": "on"}
+    assert "duplicate calls" in printed and "waited for a running attempt" in printed
+
+
+@pytest.mark.redis_server
+@pytest.mark.slow
+def test_no_lease_is_reported_and_nothing_waits(tmp_path: Path) -> None:
+    require_redis_server()
+    out = tmp_path / "bench.json"
+    argv = ["--calls", "40", "--processes", "1", "--concurrency", "2", "--no-lease", "--json", str(out)]
+    done = bench(*argv)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(out.read_text())
+    assert figures["lease"] is False and figures["write_behind"] is False
+    assert figures["waited"]["total"] == 0  # without a lease a duplicate never waits
+    assert "(threads, write-behind off, lease off)" in done.stderr
+
+
+def test_waits_are_tallied_by_what_the_call_got() -> None:
+    """What the report makes of the lanes' tallies (no server)."""
+    report = WorkerReport(calls=10, duplicates=4)
+    report.waits.update({"replayed": 2, "refused:effect_in_progress": 1, "error:TimeoutError": 1})
+    summary = BenchSummary({"write_behind": True}, "t", 1.0, report, set(), None, 0, 0)
+    assert summary.waited() == {"total": 4, "replayed": 2, "refused_in_progress": 1, "other": 1}
+    rows = dict(summary.rows())
+    assert rows["write_behind"] == "on" and rows["lease"] == "on"  # lease: the guard's default
+    assert rows["waited for a running attempt"] == (
+        "4 (replayed 2, refused effect_in_progress 1, other 1: error:TimeoutError 1)"
+    )
+    assert summary.to_json()["waited"]["by_outcome"]["replayed"] == 2

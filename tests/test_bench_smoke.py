@@ -47,6 +47,10 @@ BENCH_FIGURES = {
     "target",
     "mode",
     "auto_pipeline",
+    "write_behind",
+    "lease",
+    "duplicates",
+    "waited",
 }
 
 
@@ -78,6 +82,8 @@ def test_bench_cli_runs_and_writes_every_figure(tmp_path: Path, capsys: pytest.C
     assert set(figures) >= BENCH_FIGURES
     assert figures["calls"] == 200
     assert figures["mode"] == "threads" and figures["auto_pipeline"] is None  # threads: not applicable
+    assert figures["write_behind"] is False and figures["lease"] is True  # the defaults
+    assert 0 < figures["duplicates"] < 200 and figures["waited"]["total"] <= figures["duplicates"]
     assert figures["duplicate_executions"] == 0
     assert figures["verdict"] == "ok"
     assert figures["error_count"] == 0

@@ -7,13 +7,13 @@ violations for each broken store, and none for the real one. No faults, no sleep
 each other, sync and async, and each one's outcome is read before the next is made.
 
 Then the excuses, on small written histories: a second execution after a primary was lost is a
-documented loss only for an id whose calls did not wait for every replica.
+documented loss only for an id whose calls did not wait for every replica; a write-behind commit
+(queued, answered at once) binds later calls only once it is known to have landed.
 """
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -87,7 +87,9 @@ SCRIPT: list[tuple[str, str, str]] = [
 NO_REPLICA = {"transfer:f"}  # ids called with wait_replicas=1 (the server has no replica)
 
 
-def run_script(server: EmbeddedRedis, cls: type[RecordingStore]) -> history_checker.Verdict:
+def run_script(
+    server: EmbeddedRedis, cls: type[RecordingStore], write_behind: bool = False
+) -> history_checker.Verdict:
     namespace = f"checker:{secrets.token_hex(4)}"
     events: list[dict[str, Any]] = []
     endings = iter([ending for _, _, ending in SCRIPT])
@@ -97,9 +99,15 @@ def run_script(server: EmbeddedRedis, cls: type[RecordingStore]) -> history_chec
         return current["ending"]
 
     stores = {
-        wait: cls(server.url, namespace=namespace, wait_replicas=wait, wait_timeout=0.05) for wait in (0, 1)
+        (wait, write_behind): cls(
+            server.url, namespace=namespace, wait_replicas=wait, wait_timeout=0.05, write_behind=write_behind
+        )
+        for wait in (0, 1)
     }
-    wait_for: Callable[[str], int] = lambda tool_call_id: 1 if tool_call_id in NO_REPLICA else 0  # noqa: E731
+
+    def wait_for(tool_call_id: str) -> tuple[int, bool]:
+        return (1 if tool_call_id in NO_REPLICA else 0), write_behind
+
     workload = Workload(0, stores, 1, events.append, ending, wait_for=wait_for)
     try:
         for tool_call_id, kind, _ in SCRIPT:
@@ -111,18 +119,23 @@ def run_script(server: EmbeddedRedis, cls: type[RecordingStore]) -> history_chec
     return history_checker.check(events, records)
 
 
-def test_the_real_store_passes(redis_server: EmbeddedRedis) -> None:
-    verdict = run_script(redis_server, RecordingStore)
+@pytest.mark.parametrize("write_behind", [False, True], ids=["direct", "write-behind"])
+def test_the_real_store_passes(redis_server: EmbeddedRedis, write_behind: bool) -> None:
+    verdict = run_script(redis_server, RecordingStore, write_behind)
     assert verdict.ok, verdict.report()
     assert verdict.documented == [], verdict.report()
+    if write_behind:  # every commit was queued, and the store's sender landed each one
+        behind = verdict.counts["write_behind"]
+        assert behind["queued"] == behind["landed_ok"] == behind["known_landed"] >= 4, behind
     # the script reached every path it means to: replays, a release, an unknown, a refused begin
     results = verdict.counts["results"]
     assert results["replayed"] >= 3 and results["refused:effect_status_unknown"] >= 1, results
     assert results["refused:store_unavailable"] >= 2 and results["error:ValueError"] >= 3, results
 
 
-def test_a_begin_without_the_owner_check_is_caught(redis_server: EmbeddedRedis) -> None:
-    verdict = run_script(redis_server, AlwaysStartedStore)
+@pytest.mark.parametrize("write_behind", [False, True], ids=["direct", "write-behind"])
+def test_a_begin_without_the_owner_check_is_caught(redis_server: EmbeddedRedis, write_behind: bool) -> None:
+    verdict = run_script(redis_server, AlwaysStartedStore, write_behind)
     rules = verdict.by_rule()
     assert rules.get("executed_twice", 0) >= 2, verdict.report()  # transfer:a, send_sms:b
     assert rules.get("commit_not_replayed", 0) >= 3, verdict.report()  # and refresh:c
@@ -294,3 +307,94 @@ def test_a_take_over_left_unknown_while_the_first_attempt_sent_no_release_is_a_v
     events = _two_begins_then_durability_fails(None)
     verdict = history_checker.check(events, {"refresh:x": {"status": "unknown", "attempt": 2}})
     assert verdict.by_rule() == {"left_in_doubt": 1}, verdict.report()
+
+
+# -- write-behind commits, on written histories ----------------------------------------------------
+def _queued_commit(tool: str, landing: str | None, later: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Call 0 ran ``tool`` (value n0) through a write-behind store: its commit answered at once
+    (``queued``); ``landing``: what its ``commit:landed`` step says (None: no landing noted). Then
+    ``later`` calls, one a second from 2.0 on: (result, value_call); an ``executed`` one ran the tool."""
+    tool_call_id = f"{tool}:x"
+
+    def step(n: int, op: str, result: str, sent: float, done: float) -> dict[str, Any]:
+        return {
+            "type": "store",
+            "w": 0,
+            "n": n,
+            "id": tool_call_id,
+            "op": op,
+            "result": result,
+            "sent": sent,
+            "done": done,
+        }
+
+    def execution(n: int, at: float, nonce: str) -> dict[str, Any]:
+        return {
+            "type": "exec",
+            "w": 0,
+            "n": n,
+            "id": tool_call_id,
+            "tool": tool,
+            "at": at,
+            "nonce": nonce,
+            "ending": "ok",
+        }
+
+    def call(n: int, t: float, result: str, nonce: str, value_call: str) -> dict[str, Any]:
+        made = _call(n, t, result, nonce, covers=False, value_call=value_call)
+        return {**made, "id": tool_call_id, "tool": tool, "behind": True}
+
+    events = [
+        call(0, 1.0, "executed", "n0", "n0"),
+        step(0, "begin", "started", 1.0, 1.001),
+        execution(0, 1.002, "n0"),
+        step(0, "commit", "queued", 1.005, 1.0051),
+    ]
+    if landing is not None:
+        events.append(step(0, "commit:landed", landing, 1.005, 1.5))
+    for n, (result, value_call) in enumerate(later, start=1):
+        t = 1.0 + n
+        found = {"executed": "started", "replayed": "committed"}.get(result, "pending")
+        events += [call(n, t, result, f"n{n}", value_call), step(n, "begin", found, t, t + 0.001)]
+        if result == "executed":
+            events += [execution(n, t + 0.002, f"n{n}"), step(n, "commit", "queued", t + 0.005, t + 0.0051)]
+    return events
+
+
+@pytest.mark.parametrize("landing", [None, "error:ConnectionError", "superseded"])
+def test_a_queued_commit_that_did_not_land_binds_no_retry(landing: str | None) -> None:
+    """The caller had its value, the commit never landed: the record stays pending and the retry is
+    refused (what the README promises for write-behind), with no finding; before the rule, the
+    queued commit counted as confirmed and both of these were reported."""
+    events = _queued_commit("transfer", landing, [("refused:effect_status_unknown", "")])
+    verdict = history_checker.check(events, {"transfer:x": {"status": "pending", "attempt": 1}})
+    assert verdict.ok and verdict.documented == [], verdict.report()
+    assert verdict.counts["write_behind"]["queued"] == 1, verdict.counts
+
+
+def test_a_queued_commit_that_landed_must_be_replayed() -> None:
+    events = _queued_commit("transfer", "ok", [("refused:effect_status_unknown", "")])
+    verdict = history_checker.check(events, {"transfer:x": {"status": "pending", "attempt": 1}})
+    # the refusal came after the landing, and the final record lost the commit
+    assert verdict.by_rule() == {"commit_not_replayed": 1, "unjustified_refusal": 1}, verdict.report()
+
+
+@pytest.mark.parametrize("landing", [None, "ok"])
+def test_a_reversible_take_over_after_a_queued_commit(landing: str | None) -> None:
+    """A reversible tool runs again over a record whose queued commit never landed (an abandoned
+    record is taken over): allowed. Over one whose commit landed: a violation."""
+    events = _queued_commit("refresh", landing, [("executed", "n1")])
+    verdict = history_checker.check(events, {"refresh:x": {"status": "committed", "value_call": "n1"}})
+    expected = {} if landing is None else {"commit_not_replayed": 1}
+    assert verdict.by_rule() == expected, verdict.report()
+
+
+def test_a_replay_of_a_queued_commit_shows_it_landed() -> None:
+    """No landing noted, but a retry replayed the value: the commit had landed by then, so a later
+    refusal and a final record without it are violations."""
+    later = [("replayed", "n0"), ("refused:effect_status_unknown", "")]
+    verdict = history_checker.check(
+        _queued_commit("transfer", None, later), {"transfer:x": {"status": "pending", "attempt": 1}}
+    )
+    assert verdict.by_rule() == {"commit_not_replayed": 1, "unjustified_refusal": 1}, verdict.report()
+    assert verdict.counts["write_behind"]["known_landed"] == 1, verdict.counts

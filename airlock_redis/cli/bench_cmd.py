@@ -14,7 +14,13 @@ threads each for 6 seconds, making blocking calls. ``--mode asyncio`` runs one e
 process instead, with ``--concurrency`` coroutines awaiting an ``async def`` tool (the same tools,
 retries and checks): their calls share round trips to Redis through the store's auto-pipelining,
 which ``--no-auto-pipeline`` turns off (asyncio mode only: blocking calls are always sent one by one,
-so with threads it is refused, exit 2). The report says which mode ran (``mode``, ``auto_pipeline``).
+so with threads it is refused, exit 2). ``--write-behind`` makes the store send its commits
+write-behind (``RedisEffectStore(write_behind=True)``: the caller does not wait for the commit), in
+either mode; ``--no-lease`` gives the guard no lease (``EffectGuard(lease=None)``: a duplicate of a
+running call is refused at once instead of waiting for it). The report says which modes ran
+(``mode``, ``auto_pipeline``, ``write_behind``, ``lease``), how many calls were duplicates (retries of
+an earlier id), and how many of those waited for a running attempt of their id and what they got
+(replayed, refused ``effect_in_progress``, other), as the guard's observer reports its ``waited`` event.
 ``--help`` shows every default.
 
 ``--sweep 1,2,4,8`` runs once per process count; ``--sweep-concurrency 1,8,64`` runs once per
@@ -45,7 +51,7 @@ from pathlib import Path
 
 from ..loadgen.plot import PlotUnavailable, write_plot, write_sweep_plot
 from ..loadgen.progress import print_summary, progress_for
-from ..loadgen.stats import MODES, auto_pipeline_of, lanes_word, mode_text
+from ..loadgen.stats import MODES, auto_pipeline_of, lanes_word, lease_of, mode_text, write_behind_of
 from ..loadgen.sweep import SweepPoint, parse_counts, sweep, sweep_table
 from ..loadgen.workers import BenchConfig, run_bench
 from ..redaction import redact
@@ -137,6 +143,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="--mode asyncio only: send every command alone, RedisEffectStore(auto_pipeline=False), "
         "to compare (default: auto-pipelining on; blocking calls are always sent one by one)",
+    )
+    parser.add_argument(
+        "--write-behind",
+        action="store_true",
+        help="send commits write-behind, RedisEffectStore(write_behind=True): the caller gets the "
+        "value without waiting for its commit (default: off)",
+    )
+    parser.add_argument(
+        "--no-lease",
+        dest="lease",
+        action="store_false",
+        help="no lease on the records, EffectGuard(lease=None): a duplicate of a running call is "
+        "refused at once instead of waiting for it (default: the guard's lease, 60 s)",
     )
     bound = parser.add_mutually_exclusive_group()
     bound.add_argument(
@@ -276,6 +295,8 @@ def _checked_config(args: argparse.Namespace) -> BenchConfig | str:
             namespace=args.namespace,
             mode=args.mode,
             auto_pipeline=args.auto_pipeline,
+            write_behind=args.write_behind,
+            lease=args.lease,
         )
     except ValueError as exc:
         return str(exc)
@@ -392,6 +413,8 @@ def _run_sweep(args: argparse.Namespace, config: BenchConfig, over: str, counts:
             "sweep": over,
             "mode": config.mode,
             "auto_pipeline": auto_pipeline_of(shown),  # null: not applicable (threads mode)
+            "write_behind": write_behind_of(shown),
+            "lease": lease_of(shown),
             "points": [p.to_json() for p in points],
         }
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")

@@ -28,7 +28,7 @@ from ..core.errors import EffectRefused
 from ..stores.keys import record_key
 from ..stores.url import parse_url
 from .stats import TIMELINE_STEP, WorkerReport
-from .workload import EXECUTED, BenchConfig, call_for
+from .workload import EXECUTED, WAITED, BenchConfig, call_for
 
 if TYPE_CHECKING:
     from ..stores.redis_store import RedisEffectStore
@@ -39,6 +39,7 @@ class _Call:
     tool: str
     kwargs: dict[str, Any]
     tool_call_id: str
+    duplicate: bool = False  # a retry of an earlier call's tool_call_id
 
 
 class Load:
@@ -103,40 +104,50 @@ class _Lane:
         if load.stop is not None and load.stop.is_set():  # the run was interrupted (Ctrl-C)
             return None
         owner = load.process
-        if load.issued > 0 and self.rng.random() < config.duplicate_rate:
+        duplicate = load.issued > 0 and self.rng.random() < config.duplicate_rate
+        if duplicate:
             owner = self.rng.randrange(config.processes)  # a retry, maybe of another process's call
             seq = self.rng.randrange(load.issued)
         else:
             seq = next(load.seqs)
             load.issued = max(load.issued, seq + 1)
         tool, kwargs = call_for(owner, seq)
-        return _Call(tool, kwargs, f"{config.run_id}-{owner}-{seq}")
+        return _Call(tool, kwargs, f"{config.run_id}-{owner}-{seq}", duplicate)
 
     @contextlib.contextmanager
     def measured(self, call: _Call) -> Iterator[Callable[..., Any]]:
         """Around one call of ``call.tool`` (the tool is what it yields): its tool_call_id set, its
-        latency recorded, and whether it ran, replayed, was refused or failed counted."""
+        latency recorded, and whether it ran, replayed, was refused or failed counted (and, for a
+        call that waited for a running attempt of its id, what it got)."""
         mine = self.report
         mine.ids.add(call.tool_call_id)
+        mine.duplicates += call.duplicate
         if self.load.count_slots:
             mine.slots[key_slot(record_key(self.load.config.namespace, call.tool_call_id))] += 1
-        executed = [False]
-        token = EXECUTED.set(executed)
+        executed, waited = [False], [False]
+        token, waited_token = EXECUTED.set(executed), WAITED.set(waited)
         started = time.perf_counter()
         try:
             with tool_call_context(call.tool_call_id):
                 yield self.load.tools[call.tool]
         except EffectRefused as refused:
             mine.refusals[refused.reason] += 1
+            outcome = f"refused:{refused.reason}"
         except Exception as error:
             mine.errors[type(error).__name__] += 1
+            outcome = f"error:{type(error).__name__}"
         else:
             if executed[0]:
                 mine.executed += 1
+                outcome = "executed"
             else:
                 mine.replayed += 1
+                outcome = "replayed"
         finally:
             EXECUTED.reset(token)
+            WAITED.reset(waited_token)
+        if waited[0]:
+            mine.waits[outcome] += 1
         finished = time.perf_counter()
         mine.calls += 1
         mine.histogram.record(finished - started)

@@ -28,12 +28,32 @@ def auto_pipeline_of(config: dict[str, Any]) -> bool | None:
     return bool(config.get("auto_pipeline", True))
 
 
+def write_behind_of(config: dict[str, Any]) -> bool:
+    """Whether the run's store sent its commits write-behind (off for a configuration that does not
+    say: an older caller's)."""
+    return bool(config.get("write_behind", False))
+
+
+def lease_of(config: dict[str, Any]) -> bool:
+    """Whether the run's guard gave each attempt a lease (the default; on for a configuration that does
+    not say)."""
+    return bool(config.get("lease", True))
+
+
+def on_off(value: bool) -> str:
+    return "on" if value else "off"
+
+
 def mode_text(config: dict[str, Any]) -> str:
-    """The mode of a run in a few words, for titles: ``threads``, or ``asyncio, auto-pipelining on``
-    (or off)."""
+    """The modes of a run in a few words, for titles: ``threads, write-behind off, lease on``, or
+    ``asyncio, auto-pipelining on, write-behind off, lease on``."""
     pipelined = auto_pipeline_of(config)
-    mode = str(config.get("mode", "threads"))
-    return mode if pipelined is None else f"{mode}, auto-pipelining {'on' if pipelined else 'off'}"
+    words = [str(config.get("mode", "threads"))]
+    if pipelined is not None:
+        words.append(f"auto-pipelining {on_off(pipelined)}")
+    words.append(f"write-behind {on_off(write_behind_of(config))}")
+    words.append(f"lease {on_off(lease_of(config))}")
+    return ", ".join(words)
 
 
 def auto_pipeline_text(value: bool | None) -> str:
@@ -55,6 +75,10 @@ class WorkerReport:
     ids: set[str] = field(default_factory=set)  # distinct tool_call_ids used
     runs: Counter[str] = field(default_factory=Counter)  # real executions by tool_call_id
     slots: Counter[int] = field(default_factory=Counter)  # calls by the Cluster slot of their record
+    duplicates: int = 0  # calls that retried an earlier tool_call_id (the duplicate rate's share)
+    # calls that waited for a running attempt of their id (the guard's "waited" event), by what they
+    # got: replayed, executed, refused:<reason>, error:<type>
+    waits: Counter[str] = field(default_factory=Counter)
     failure: str | None = None  # a worker that could not run says why
 
     def merge(self, other: WorkerReport) -> None:
@@ -68,6 +92,8 @@ class WorkerReport:
         self.ids |= other.ids
         self.runs.update(other.runs)
         self.slots.update(other.slots)
+        self.duplicates += other.duplicates
+        self.waits.update(other.waits)
         if other.failure and not self.failure:
             self.failure = other.failure
 
@@ -110,6 +136,43 @@ class BenchSummary:
     def auto_pipeline(self) -> bool | None:
         """Whether the store auto-pipelined (asyncio mode); None in the threads mode."""
         return auto_pipeline_of(self.config)
+
+    @property
+    def write_behind(self) -> bool:
+        """Whether the store sent its commits write-behind."""
+        return write_behind_of(self.config)
+
+    @property
+    def lease(self) -> bool:
+        """Whether the guard gave each attempt a lease (a duplicate of a running call then waits)."""
+        return lease_of(self.config)
+
+    def waited(self) -> dict[str, int]:
+        """The calls that waited for a running attempt, by what they got: ``replayed``,
+        ``refused_in_progress`` (``effect_in_progress``: still running when the wait ended) and
+        ``other`` (ran, another refusal, an error), with ``total``."""
+        waits = self.report.waits
+        replayed = waits.get("replayed", 0)
+        in_progress = waits.get("refused:effect_in_progress", 0)
+        total = sum(waits.values())
+        return {
+            "total": total,
+            "replayed": replayed,
+            "refused_in_progress": in_progress,
+            "other": total - replayed - in_progress,
+        }
+
+    def waited_text(self) -> str:
+        w = self.waited()
+        others = ", ".join(
+            f"{k} {v}"
+            for k, v in sorted(self.report.waits.items())
+            if k not in ("replayed", "refused:effect_in_progress")
+        )
+        return (
+            f"{w['total']} (replayed {w['replayed']}, refused effect_in_progress "
+            f"{w['refused_in_progress']}, other {w['other']}{f': {others}' if others else ''})"
+        )
 
     @property
     def calls_per_s(self) -> float:
@@ -163,6 +226,8 @@ class BenchSummary:
             "config": self.config,
             "mode": self.mode,
             "auto_pipeline": self.auto_pipeline,  # null: not applicable (threads mode)
+            "write_behind": self.write_behind,
+            "lease": self.lease,
             "target": self.target,
             "elapsed_s": self.elapsed_s,
             "calls": r.calls,
@@ -178,6 +243,8 @@ class BenchSummary:
             "executions": self.executions,
             "duplicate_executions": self.duplicate_executions,
             "reversible_reruns": self.reversible_reruns,
+            "duplicates": r.duplicates,
+            "waited": {**self.waited(), "by_outcome": dict(sorted(r.waits.items()))},
             "records": self.records,
             "memory_per_record_bytes": self.memory_per_record_bytes,
             "memory_sampled_records": self.memory_sampled_records,
@@ -204,6 +271,8 @@ class BenchSummary:
         rows = [
             ("mode", self.mode),
             ("auto_pipeline", auto_pipeline_text(self.auto_pipeline)),
+            ("write_behind", on_off(self.write_behind)),
+            ("lease", on_off(self.lease)),
             ("guarded calls", f"{r.calls} in {self.elapsed_s:.2f} s"),
             ("guarded calls/s", f"{self.calls_per_s:,.0f}"),
             (
@@ -217,6 +286,8 @@ class BenchSummary:
             ("executions vs unique calls", f"{self.executions} / {self.unique_calls}"),
             ("duplicate executions", f"{dup}" + ("  FAILURE" if dup else "  (ok)")),
             ("reversible re-runs (allowed)", str(self.reversible_reruns)),
+            ("duplicate calls", str(r.duplicates)),
+            ("waited for a running attempt", self.waited_text()),
             ("records in Redis", str(self.records)),
             ("Redis memory per record", memory),
             ("Redis CPU per call", self._server_cpu()),

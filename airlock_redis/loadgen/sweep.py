@@ -32,6 +32,11 @@ class SweepPoint:
     duplicate_executions: int
     mode: str = "threads"
     auto_pipeline: bool | None = None  # None: not applicable (threads mode)
+    write_behind: bool = False
+    lease: bool = True
+    duplicates: int = 0  # calls that retried an earlier id
+    waited: int = 0  # calls that waited for a running attempt of their id
+    waited_replayed: int = 0  # ... and then replayed its value
 
     @classmethod
     def of(cls, summary: BenchSummary) -> SweepPoint:
@@ -49,6 +54,11 @@ class SweepPoint:
             duplicate_executions=summary.duplicate_executions,
             mode=summary.mode,
             auto_pipeline=auto_pipeline_of(summary.config),
+            write_behind=summary.write_behind,
+            lease=summary.lease,
+            duplicates=summary.report.duplicates,
+            waited=summary.waited()["total"],
+            waited_replayed=summary.waited()["replayed"],
         )
 
     def to_json(self) -> dict[str, Any]:

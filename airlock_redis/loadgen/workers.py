@@ -32,7 +32,7 @@ from .interrupts import sigint_deferred
 from .lanes import Load, run_coroutines, run_threads
 from .server_cpu import ServerCpu, per_call, snapshot
 from .stats import TIMELINE_STEP, BenchSummary, PrimaryLoad, WorkerReport
-from .workload import REVERSIBLE_TOOLS, BenchConfig, guarded_tools, tool_of
+from .workload import REVERSIBLE_TOOLS, BenchConfig, WaitWatcher, guarded_tools, tool_of
 
 __all__ = ["BenchConfig", "remove_run", "run_bench", "run_pattern"]
 
@@ -55,11 +55,20 @@ def _worker(
         # retries of reversible calls supersede each other by design; keep their warnings off the bar
         logging.getLogger("airlock_redis").setLevel(logging.ERROR)
         asynchronous = config.mode == "asyncio"
-        store = RedisEffectStore(config.url, namespace=config.namespace, auto_pipeline=config.auto_pipeline)
-        runs: dict[str, int] = {}
-        tools = guarded_tools(
-            EffectGuard(store=store), config.value_bytes, runs, threading.Lock(), asynchronous=asynchronous
+        store = RedisEffectStore(
+            config.url,
+            namespace=config.namespace,
+            auto_pipeline=config.auto_pipeline,
+            write_behind=config.write_behind,
         )
+        runs: dict[str, int] = {}
+        # the observer only notes which calls waited for a running attempt (WaitWatcher)
+        guard = (
+            EffectGuard(store=store, observer=WaitWatcher())
+            if config.lease
+            else EffectGuard(store=store, observer=WaitWatcher(), lease=None)
+        )
+        tools = guarded_tools(guard, config.value_bytes, runs, threading.Lock(), asynchronous=asynchronous)
         load = Load(config, process, tools, progress, stop)
         barrier.wait(timeout=120)
         load.start()

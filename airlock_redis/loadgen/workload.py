@@ -39,6 +39,35 @@ REVERSIBLE_TOOLS = frozenset(name for name, _, tag in TOOLS if tag == "reversibl
 EXECUTED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
     "airlock_bench_executed", default=None
 )
+# set by a lane around each call too: the guard's observer marks it when the call waited for a running
+# attempt of its id (the "waited" event), so the lane can count what such calls got
+WAITED: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar(
+    "airlock_bench_waited", default=None
+)
+
+
+class WaitWatcher:
+    """The guard's observer in a bench worker: notes the ``waited`` event of the current call (a
+    duplicate that waited for a running attempt of its id, then went on) and nothing else."""
+
+    def call_event(
+        self,
+        event: str,
+        tool: str,
+        tool_call_id: str | None,
+        *,
+        reason: str | None = None,
+        attempt: int | None = None,
+        duration_s: float | None = None,
+        stored: bool | None = None,
+    ) -> None:
+        if event == "waited":
+            holder = WAITED.get()
+            if holder is not None:
+                holder[0] = True
+
+    def store_operation(self, operation: str, duration_s: float | None, error: BaseException | None) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -55,6 +84,8 @@ class BenchConfig:
     run_id: str = ""
     mode: str = "threads"  # "threads": blocking calls; "asyncio": coroutines on one event loop
     auto_pipeline: bool = True  # asyncio: RedisEffectStore(auto_pipeline=); threads: must stay True
+    write_behind: bool = False  # RedisEffectStore(write_behind=): commits queued, sent by a background sender
+    lease: bool = True  # EffectGuard's default lease (60 s; a duplicate of a running call waits); False: None
 
     def __post_init__(self) -> None:
         if self.processes < 1 or self.concurrency < 1:
@@ -78,7 +109,7 @@ class BenchConfig:
 
     def shown(self) -> dict[str, Any]:
         """The configuration as the report shows it: the URL redacted, and ``auto_pipeline`` None
-        (not applicable) in the threads mode."""
+        (not applicable) in the threads mode. ``write_behind`` and ``lease`` as given."""
         shown = asdict(self)
         shown["url"] = redact(self.url)
         if self.mode == "threads":
