@@ -10,7 +10,8 @@ last write is answered and the ticket is dropped.
 - A call that ends within ``renew_every`` costs no command: holding and dropping a ticket is a dict
   insert and delete under a lock. The thread starts on the first hold, and is woken only when a
   ticket falls due before the time it already sleeps to, so quick calls do not wake it either.
-- A renewal that fails (the store is unreachable) is tried again after a quarter of the interval;
+- A renewal that fails (the store is unreachable) is tried again after a quarter of the interval,
+  at most a second;
   one answered SUPERSEDED or MISSING means the record is no longer the attempt's (taken over after
   the lease lapsed, or resolved by an operator): the ticket is marked lost, logged, and not renewed
   again. The tool is not interrupted; its commit will be fenced off as it is today.
@@ -39,6 +40,7 @@ from .stores.base import LeasingEffectStore, WaitingEffectStore
 log = logging.getLogger("airlock_redis")
 
 _STOP_WAIT = 1.0  # seconds the exit hook waits for the thread
+_RETRY_AFTER_FAILURE = 1.0  # seconds at most before a renewal that failed is tried again
 
 
 # A guard's lease by default (seconds): above a failover (Sentinel's default down-after-milliseconds is
@@ -182,7 +184,9 @@ class LeaseKeeper:
                     ticket.due = now + ticket.every
                 elif isinstance(result, StoreError):
                     ticket.failures += 1
-                    ticket.due = now + ticket.every / 4
+                    # soon: after a failover the window in which a running call looks abandoned lasts
+                    # until its first renewal reaches the new primary
+                    ticket.due = now + min(ticket.every / 4, _RETRY_AFTER_FAILURE)
                     if ticket.failures > 1:  # said once until a renewal succeeds again
                         self._due.setdefault(ticket.every, {})[ticket.number] = ticket
                         continue

@@ -14,13 +14,19 @@ and nothing on stderr.
 the effect happen twice: it is refused (exit 2) unless ``--force-release-committed`` is given, and
 the confirmation question then says that the call took effect.
 
+A **running** record (pending, its lease renewed within the lease: its attempt is alive and inside
+its tool) is refused (exit 2) unless ``--even-if-running`` is given: any verdict fences that attempt
+off (its commit is refused as superseded, while its tool may still take effect), and after a release
+(or, for a reversible tool, an unknown verdict) a retry may run it again beside it. With the flag, a
+warning saying so goes to stderr and into the question.
+
 Exit codes: 0 resolved; 1 no such record; 2 bad arguments (an empty or blank tool_call_id, a --value
 that is not JSON, a URL the store does not take, --release of a committed record without
---force-release-committed, ...) or a Redis it cannot use (no answer, authentication failed, not
-allowed, a Cluster node behind a plain redis:// URL); 3 refused, the record's idempotency key is not
---expect-key; 4 not confirmed; 6 the audit file cannot be written (nothing done), or the audit stream
-refused the entry (the verdict was applied; the entry is on stderr); 7 refused, the record changed
-after it was shown (nothing done); 130 interrupted.
+--force-release-committed, a running record without --even-if-running, ...) or a Redis it cannot use
+(no answer, authentication failed, not allowed, a Cluster node behind a plain redis:// URL); 3
+refused, the record's idempotency key is not --expect-key; 4 not confirmed; 6 the audit file cannot
+be written (nothing done), or the audit stream refused the entry (the verdict was applied; the entry
+is on stderr); 7 refused, the record changed after it was shown (nothing done); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -108,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run (and take effect) again; refused without this flag",
     )
     parser.add_argument(
+        "--even-if-running",
+        action="store_true",
+        help="resolve a record whose attempt is running (its lease is renewed): the verdict fences off "
+        "an attempt that is working, whose tool may still take effect; refused without this flag",
+    )
+    parser.add_argument(
         "--force",
         action="store_true",
         help="apply the verdict even if the record changed after it was shown (its status or owner)",
@@ -126,8 +138,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.epilog = (
         "exit codes: 0 resolved, 1 no such record, 2 bad arguments (also --release of a committed "
-        "record without --force-release-committed) or a Redis it cannot use (no answer, "
-        "authentication failed, not allowed, a Cluster node behind a plain redis:// URL), 3 "
+        "record without --force-release-committed, a running record without --even-if-running) or "
+        "a Redis it cannot use (no answer, authentication failed, not allowed, a Cluster node behind "
+        "a plain redis:// URL), 3 "
         "idempotency key differs from --expect-key, 4 not confirmed, 6 audit not written, 7 the "
         "record changed after it was shown, 130 interrupted"
     )  # fmt: skip
@@ -196,6 +209,21 @@ def _committed_release(args: argparse.Namespace, view: RecordView) -> bool:
     return args.verdict == "release" and view.status == Status.COMMITTED.value
 
 
+def _running(view: RecordView, verdict: str) -> str | None:
+    """What to say about a record whose attempt is running (its lease renewed within the lease);
+    None for any other record."""
+    if view.liveness != "running":
+        return None
+    since = (view.since_renewal_ms or 0) / 1000
+    lease = (view.lease_ms or 0) / 1000
+    return (
+        f"{view.tool_call_id!r} is RUNNING: its attempt renewed its lease {since:.1f}s ago (lease "
+        f"{lease:.1f}s), so it is alive and inside its tool. A verdict now fences off an attempt that is "
+        "working: its commit will be refused as superseded while its tool may still take effect"
+        + ("" if verdict == "committed" else ", and a retry may run it again beside it")
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     with _library_log_quiet():
         return _run(args)
@@ -227,6 +255,15 @@ def _run(args: argparse.Namespace) -> int:
                 f"refused: {args.tool_call_id!r} is committed: the call took effect, and releasing it lets "
                 "the tool run (and take effect) again; pass --force-release-committed to release it anyway",
             )
+        running = _running(view, args.verdict)
+        if running is not None and not args.even_if_running:
+            return _fail(
+                EXIT_USAGE,
+                f"refused: {running}. Wait for it to end (airlock-redis inspect "
+                f"{args.tool_call_id}), or pass --even-if-running to resolve it anyway",
+            )
+        if running is not None:
+            print(f"warning: {redact(running)}", file=sys.stderr)
         if not args.yes:
             declined = _ask(args, view, value)
             if declined is not None:
@@ -296,6 +333,11 @@ def _ask(args: argparse.Namespace, view: RecordView, value: Any) -> int | None:
             file=sys.stderr,
         )
     question = f"resolve {args.tool_call_id!r} as {args.verdict}?"
+    if view.liveness == "running":
+        question = (
+            f"resolve {args.tool_call_id!r} as {args.verdict}? It is RUNNING: this fences off an "
+            "attempt that is working."
+        )
     if _committed_release(args, view):
         question = (
             f"release {args.tool_call_id!r}? It is COMMITTED: the call took effect, and releasing "
@@ -335,6 +377,7 @@ def _audit_entry(
             "idempotency_key": view.idempotency_key,
             "attempt": view.attempt,
             "owner": view.owner,
+            "liveness": view.liveness,  # "running": the verdict fenced off a working attempt
             "problems": list(view.problems),
         },
         "force": bool(args.force),
