@@ -258,8 +258,9 @@ def test_the_keeper_renews_in_one_batch_per_store_and_stops_on_a_lost_lease() ->
         clock.now += 1.5
         with keeper._lock:
             keeper._changed.notify()
-        wait_until("5 renewals", lambda: len(store.renewed) == 5 or None, 5)
-        assert all(t.renewals == 1 for t in tickets) and keeper.held == 5
+        # the store saw them before the keeper took its answers: wait for the answers
+        wait_until("5 renewals answered", lambda: all(t.renewals == 1 for t in tickets) or None, 5)
+        assert len(store.renewed) == 5 and keeper.held == 5
         # one record taken over by an operator: its ticket is lost and never renewed again
         store.resolve("k-0", Status.UNKNOWN)
         clock.now += 1.5
