@@ -92,16 +92,19 @@ def backend_cannot_tell(request: BeginRequest, attempt: int, target: str | None 
     )
 
 
+def _watch(tool_call_id: str, target: str | None) -> str:
+    """How an operator watches a running call: the ``inspect`` command, or the store's record."""
+    if target is None:
+        return "the store's record"
+    return f"airlock-redis inspect {shlex.quote(tool_call_id)} {target}".replace("  ", " ")
+
+
 def in_progress(
     tool: str, tool_call_id: str, key: str, outcome: BeginOutcome, target: str | None = ""
 ) -> EffectInProgress:
     """An earlier attempt runs: its record is renewed within its lease. The hint never says resolve
     (a verdict would fence off an attempt that is working)."""
-    where = (
-        "the store's record"
-        if target is None
-        else (f"airlock-redis inspect {shlex.quote(tool_call_id)} {target}".replace("  ", " "))
-    )
+    where = _watch(tool_call_id, target)
     return EffectInProgress(
         f"An earlier attempt of {tool!r} under tool_call_id {tool_call_id!r} is still running "
         f"(attempt {outcome.attempt}, renewed {_seconds(outcome.since_renewal_ms)} ago within its lease "
@@ -301,11 +304,7 @@ def held_in_progress(request: BeginRequest, holder: Record, target: str | None =
     """Dedupe: the same call (same idempotency key) runs under another tool_call_id, and still ran
     when this call's wait ended. This call did not run and left no record."""
     tool, key, other = request.tool, request.idempotency_key, holder.tool_call_id
-    where = (
-        "the store's record"
-        if target is None
-        else (f"airlock-redis inspect {shlex.quote(other)} {target}".replace("  ", " "))
-    )
+    where = _watch(other, target)
     return EffectInProgress(
         f"The same call of {tool!r} (idempotency key {key}) is still running under tool_call_id "
         f"{other!r} (attempt {holder.attempt}, lease {_seconds(holder.lease_ms)}): tool_call_id "
