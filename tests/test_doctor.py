@@ -77,6 +77,7 @@ def test_no_persistence_is_a_warning(redis_server: EmbeddedRedis, capsys: pytest
         "scripts",
         "tls",
         "clock",
+        "calls",
     }
 
 

@@ -584,3 +584,23 @@ def test_list_and_inspect_tell_running_from_abandoned(
     assert found == [("gone-1", "abandoned", LEASE_MS)]
     assert main(["list", "--running", *target]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]] == ["running"]
+
+
+@pytest.mark.redis_server
+def test_doctor_counts_the_calls_in_doubt(rstore: RedisEffectStore) -> None:
+    from airlock_redis.cli.doctor_cmd import diagnose
+
+    def calls_check() -> Any:
+        (check,) = [c for c in diagnose(rstore.url or "", namespace=rstore.namespace) if c.name == "calls"]
+        return check
+
+    rstore.begin(request("live-2", "a"))
+    check = calls_check()
+    assert check.status == "ok" and check.summary.startswith("1 running, 0 abandoned, 0 unknown"), check
+    rstore.begin(request("gone-2", "b"))
+    lapse_on(rstore)("gone-2", LEASE_MS + 1_000)
+    rstore.begin(request("doubt-2", "c"))
+    rstore.settle(request("doubt-2", "c"), 1, Settlement.UNKNOWN)
+    check = calls_check()
+    assert check.status == "warn" and check.summary.startswith("1 running, 1 abandoned, 1 unknown"), check
+    assert "airlock-redis list --abandoned" in check.detail

@@ -41,6 +41,7 @@ from .common import (
     seconds_argument,
     shown_url,
 )
+from .doctor_calls import check_calls
 from .doctor_check import EXIT, Check, Status, nodes_of
 from .doctor_permissions import check_permissions
 from .doctor_server import (
@@ -172,6 +173,7 @@ def diagnose(
             ("scripts", lambda: check_scripts(primaries)),
             ("tls", lambda: check_tls(parsed)),
             ("clock", lambda: check_clock(primaries[0].client)),
+            ("calls", lambda: check_calls(client, namespace)),
         ]
         checks: list[Check] = []
         for name, step in steps:
