@@ -34,7 +34,7 @@ from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores import views_of
 
 from .topo_helpers import fresh_id
-from .topologies import shared_cluster, wait_until
+from .topologies import shared_cluster, shared_sentinel, wait_until
 
 
 class Bank:
@@ -293,8 +293,10 @@ def test_a_prober_killed_mid_probe_is_abandoned_then_probed_again(redis_server: 
 
 
 @pytest.mark.redis_server
-def test_probes_on_a_cluster(pytestconfig: pytest.Config) -> None:
-    store = RedisEffectStore(shared_cluster(pytestconfig).url, namespace=f"probe:{fresh_id()}")
+@pytest.mark.parametrize("topology", ["cluster", "sentinel"])
+def test_probes_on_a_cluster_and_through_sentinel(pytestconfig: pytest.Config, topology: str) -> None:
+    url = shared_cluster(pytestconfig).url if topology == "cluster" else shared_sentinel(pytestconfig).url
+    store = RedisEffectStore(url, namespace=f"probe:{fresh_id()}")
     for i, answer in enumerate((TookEffect({"charged": 5}), NeverTookEffect())):
         tool_call_id = fresh_id(f"c{i}")
         _in_doubt(store, tool_call_id)
