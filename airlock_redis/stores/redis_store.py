@@ -388,18 +388,14 @@ class RedisEffectStore:
         """Coroutine form of :meth:`begin`, through the running loop's client."""
         return await adrive(self._beginning(request, self._async_tries), self._aio)
 
-    def _beginning(
-        self, request: BeginRequest, new_tries: Callable[[], Tries], *, set_first: bool = True
-    ) -> Plan[BeginOutcome]:
-        """``set_first`` False: the key is known to hold something (a record this call waited for),
-        so the SET NX, which would not land, is not sent."""
+    def _beginning(self, request: BeginRequest, new_tries: Callable[[], Tries]) -> Plan[BeginOutcome]:
         if not self._facts_checked:
             yield from self._checking()
         if self._replica_wait is not None:
             return (yield from self._begin_waited(request, new_tries()))
         key = self.key(request.tool_call_id)
         proven = self._scripts_run
-        if proven and set_first:
+        if proven:
             landed = yield from self._command(
                 ("SET", key, self._args.first_record(request), "NX", "PX", self._args.pending_ms), new_tries()
             )
@@ -556,13 +552,13 @@ class RedisEffectStore:
         """Wait up to ``seconds`` for the attempt that runs ``request``'s call to end (woken by its
         end, or when its lease would lapse unrenewed), then begin again: what begin answers then."""
         self.wait_ended(request.tool_call_id, seconds)
-        return drive(self._beginning(request, self._tries, set_first=False), self._io)
+        return self.begin(request)  # the store's own begin: a subclass that watches begins sees it
 
     async def await_running(self, request: BeginRequest, seconds: float) -> BeginOutcome:
         """Coroutine form of :meth:`wait_running`. Cancelled, it leaves nothing but the record's
         flag that someone waits (the attempt's end then publishes once to nobody)."""
         await self.await_ended(request.tool_call_id, seconds)
-        return await adrive(self._beginning(request, self._async_tries, set_first=False), self._aio)
+        return await self.abegin(request)
 
     def wait_ended(self, tool_call_id: str, seconds: float) -> None:
         """Wait up to ``seconds`` for the running attempt of ``tool_call_id`` to end (woken by its
