@@ -6,8 +6,10 @@ re-sent with the script's source, a failed round trip is every waiting call's fa
 cancelled before its batch left is never sent (and cancels nobody else's), ``auto_pipeline=False``
 sends every command alone, and a lone call is sent at once, never through a pipeline.
 
-What the client sent is seen through a ``redis.asyncio.Redis`` subclass given as ``async_client=``
-that records what each pipeline it makes carries (redis-py's public API).
+What the client sent is seen through its connections: the store's auto-pipeline packs the commands
+of each send with one ``pack_commands`` call on one connection of the client's pool (see
+``airlock_redis.stores.exchange``), so a connection class that notes what each call carries shows
+every send, a batch as one entry of several commands (redis-py's public API throughout).
 """
 
 from __future__ import annotations
@@ -37,30 +39,69 @@ CALLS = 64  # calls in flight at once: enough that most of them queue behind the
 STEP_LIMIT = 30.0  # a bound on each wait, so a broken feature fails instead of hanging
 
 
-class RecordingRedis(aredis.Redis):
-    """An asyncio client that notes the commands of each pipeline it makes."""
+class Sends:
+    """What a store's asyncio client sent: the commands of each send packed on one of its connections
+    (``batches``; the auto-pipeline's own sends, see ``airlock_redis.stores.exchange``) and of each
+    redis-py pipeline it made (``pipelines``)."""
 
-    batches: list[list[tuple[Any, ...]]]
+    def __init__(self) -> None:
+        self.batches: list[list[tuple[Any, ...]]] = []
+        self.pipelines: list[list[tuple[Any, ...]]] = []
+        self._watched: set[int] = set()
+
+    def watch(self, client: Any) -> None:
+        """Note what ``client`` sends from now on (before it makes its first connection)."""
+        if id(client) in self._watched:
+            return
+        self._watched.add(id(client))
+        pool, batches = client.connection_pool, self.batches
+
+        class Recording(pool.connection_class):  # type: ignore[misc,name-defined]
+            def pack_commands(self, commands: Any) -> Any:
+                commands = [tuple(args) for args in commands]
+                batches.append(commands)
+                return super().pack_commands(commands)
+
+        pool.connection_class = Recording
+
+
+class RecordingStore(RedisEffectStore):
+    """A store (its asyncio client its own, built from the URL) whose asyncio client's sends are noted."""
+
+    sends: Sends
+
+    def async_client(self) -> Any:
+        client = super().async_client()
+        self.sends.watch(client)
+        return client
+
+
+class RecordingRedis(aredis.Redis):
+    """An asyncio client given to a store as ``async_client=``, whose pipelines are noted."""
+
+    sends: Sends
 
     def pipeline(self, transaction: bool = True, shard_hint: Any = None) -> Any:
-        return recorded(super().pipeline(transaction, shard_hint), self.batches)
+        return recorded(super().pipeline(transaction, shard_hint), self.sends.pipelines)
 
 
-def recording_client(url: str) -> RecordingRedis:
-    client = cast(
-        RecordingRedis, RecordingRedis.from_pool(aredis.ConnectionPool.from_url(url, socket_timeout=5))
-    )
-    client.batches = []
-    return client
-
-
-def recording_store(url: str, **options: Any) -> tuple[RedisEffectStore, RecordingRedis]:
-    """A store whose asyncio calls go through a recording client (its blocking reads, a plain one)."""
-    client = recording_client(url)
+def recording_store(url: str, *, given: bool = False, **options: Any) -> tuple[RedisEffectStore, Sends]:
+    """A store whose asyncio sends are noted: built from ``url`` (its client the store's own, whose
+    commands the auto-pipeline writes on the connections itself), or, ``given``, over an asyncio
+    client passed as ``async_client=`` (whose commands go through redis-py's commands and pipelines,
+    its retry policy kept)."""
+    sends = Sends()
+    if not given:
+        recording = RecordingStore(url, namespace=fresh("ap"), **options)
+        recording.sends = sends
+        return recording, sends
+    client = cast(RecordingRedis, RecordingRedis.from_url(url, socket_timeout=5))
+    client.sends = sends
+    sends.watch(client)
     store = RedisEffectStore(
         client=redis.Redis.from_url(url), async_client=client, namespace=fresh("ap"), **options
     )
-    return store, client
+    return store, sends
 
 
 async def within(step: Awaitable[T], what: str) -> T:
@@ -107,8 +148,11 @@ def make_guarded(store: RedisEffectStore) -> tuple[Callable[[str, int], Awaitabl
 
 
 # -- the guard over a store that auto-pipelines ------------------------------------------------------
-def test_concurrent_calls_share_pipelines_and_each_gets_its_own_value(redis_server: EmbeddedRedis) -> None:
-    store, client = recording_store(redis_server.url)
+@pytest.mark.parametrize("given", [False, True], ids=["store-built-client", "given-client"])
+def test_concurrent_calls_share_pipelines_and_each_gets_its_own_value(
+    redis_server: EmbeddedRedis, given: bool
+) -> None:
+    store, sends = recording_store(redis_server.url, given=given)
     ids = [fresh("c") for _ in range(CALLS)]
 
     async def scenario() -> list[Any]:
@@ -117,13 +161,16 @@ def test_concurrent_calls_share_pipelines_and_each_gets_its_own_value(redis_serv
         again = await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the replays")
         assert runs == dict.fromkeys(ids, 1)
         assert again == first
-        await client.aclose()
+        await store.aclose()
         return first
 
     values = asyncio.run(scenario())
     assert values == [{"call": i, "cents": n} for n, i in enumerate(ids)]
-    sizes = [len(batch) for batch in client.batches]
+    # the store's own client: the auto-pipeline writes each batch itself; a given one: redis-py's pipelines
+    sizes = [len(batch) for batch in (sends.pipelines if given else sends.batches)]
     assert sizes and max(sizes) > 1, f"no batch of more than one command: {sizes}"
+    if not given:  # no redis-py pipeline: the batches above were written by the auto-pipeline itself
+        assert sends.pipelines == []
     for call_id in ids:
         assert status_of(store, call_id) is Status.COMMITTED
 
@@ -133,7 +180,7 @@ def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: Embedde
     command sharing a batch) depends on the scheduler, so up to five rounds are run to see it."""
     shared_once = False
     for _ in range(5):
-        store, client = recording_store(redis_server.url)
+        store, sends = recording_store(redis_server.url)
         ids = [fresh("c") for _ in range(CALLS)]
         spoiled = ids[CALLS // 2]
         redis.Redis.from_url(redis_server.url).rpush(store.key(spoiled), b"not a record")
@@ -144,7 +191,7 @@ def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: Embedde
                 asyncio.gather(*(call(i, n) for n, i in enumerate(ids)), return_exceptions=True),  # noqa: B023
                 "the calls",
             )
-            await client.aclose()  # noqa: B023
+            await store.aclose()  # noqa: B023
             return outcomes, runs
 
         outcomes, runs = asyncio.run(scenario())
@@ -154,14 +201,14 @@ def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: Embedde
         assert all(value == {"call": i, "cents": ids.index(i)} for i, value in by_id.items())
         assert runs == dict.fromkeys(by_id, 1)
         spoiled_key = store.key(spoiled)
-        shared_once = any(any(spoiled_key in args for args in b) and len(b) > 1 for b in client.batches)
+        shared_once = any(any(spoiled_key in args for args in b) and len(b) > 1 for b in sends.batches)
         if shared_once:
             break
     assert shared_once, "the spoiled call's command never shared a batch in 5 rounds: the test proved nothing"
 
 
 def test_a_flushed_script_cache_in_a_batch_is_sent_again_with_the_source(redis_server: EmbeddedRedis) -> None:
-    store, client = recording_store(redis_server.url)
+    store, sends = recording_store(redis_server.url)
     admin = redis.Redis.from_url(redis_server.url)
     ids = [fresh("c") for _ in range(CALLS)]
 
@@ -169,36 +216,37 @@ def test_a_flushed_script_cache_in_a_batch_is_sent_again_with_the_source(redis_s
         call, runs = make_guarded(store)
         await call(fresh("warm"), 0)  # the scripts are cached, so commits go as EVALSHA
         admin.script_flush()
-        client.batches.clear()
+        sends.batches.clear()
         values = await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the calls")
         assert values == [{"call": i, "cents": n} for n, i in enumerate(ids)]
-        await client.aclose()
+        await store.aclose()
         return runs
 
     runs = asyncio.run(scenario())
     assert {i: runs[i] for i in ids} == dict.fromkeys(ids, 1)
     for call_id in ids:
         assert status_of(store, call_id) is Status.COMMITTED
-    names = [args[0] for batch in client.batches if len(batch) > 1 for args in batch]
+    names = [args[0] for batch in sends.batches if len(batch) > 1 for args in batch]
     assert "EVALSHA" in names, "no EVALSHA travelled in a batch: the test proved nothing"
 
 
 def test_auto_pipeline_off_sends_every_command_alone(redis_server: EmbeddedRedis) -> None:
-    store, client = recording_store(redis_server.url, auto_pipeline=False)
+    store, sends = recording_store(redis_server.url, auto_pipeline=False)
     ids = [fresh("c") for _ in range(CALLS)]
 
     async def scenario() -> dict[str, int]:
         call, runs = make_guarded(store)
         await within(asyncio.gather(*(call(i, n) for n, i in enumerate(ids))), "the calls")
-        await client.aclose()
+        await store.aclose()
         return runs
 
     assert asyncio.run(scenario()) == dict.fromkeys(ids, 1)
-    assert client.batches == []
+    assert sends.batches == [] and sends.pipelines == []
 
 
-def test_a_lone_call_is_sent_at_once_without_a_pipeline(redis_server: EmbeddedRedis) -> None:
-    store, client = recording_store(redis_server.url)
+@pytest.mark.parametrize("given", [False, True], ids=["store-built-client", "given-client"])
+def test_a_lone_call_is_sent_at_once_without_a_pipeline(redis_server: EmbeddedRedis, given: bool) -> None:
+    store, sends = recording_store(redis_server.url, given=given)
 
     async def scenario() -> None:
         call, runs = make_guarded(store)
@@ -206,10 +254,14 @@ def test_a_lone_call_is_sent_at_once_without_a_pipeline(redis_server: EmbeddedRe
             call_id = fresh("c")
             assert await call(call_id, n) == {"call": call_id, "cents": n}
             assert runs[call_id] == 1
-        await client.aclose()
+        await store.aclose()
 
     asyncio.run(scenario())
-    assert client.batches == []
+    assert sends.pipelines == []
+    if given:  # each command through redis-py's execute_command
+        assert sends.batches == []
+    else:  # each command written alone by the auto-pipeline
+        assert len(sends.batches) >= 10 and all(len(batch) == 1 for batch in sends.batches), sends.batches
 
 
 # -- the auto-pipeline itself, on a real server --------------------------------------------------------

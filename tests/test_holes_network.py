@@ -395,17 +395,25 @@ def signal_begin_reads(client: Any, reading: asyncio.Event) -> None:
     """Set ``reading`` when a connection of ``client`` (a redis.asyncio client that has made none yet)
     starts to read the reply to a begin: from then on its call waits for that reply. A cancellation
     that comes earlier, while redis-py still sends the begin (through ``asyncio.wait_for`` when a
-    socket timeout is set), can be lost on Python 3.11, and the call then goes on as if none came."""
+    socket timeout is set, as ``auto_pipeline=False`` sends), can be lost on Python 3.11, and the
+    call then goes on as if none came."""
     pool = client.connection_pool
     is_begin = is_script_call("begin")
 
     class BeginReadSignalling(pool.connection_class):  # type: ignore[misc,name-defined]
         begin_sent = False
 
-        async def send_command(self, *args: Any, **kwargs: Any) -> None:
+        async def send_command(self, *args: Any, **kwargs: Any) -> None:  # a command alone
             raw = [a if isinstance(a, bytes) else str(a).encode() for a in args]
             self.begin_sent = is_begin(raw)
             await super().send_command(*args, **kwargs)
+
+        def pack_commands(self, commands: Any) -> Any:  # the store's auto-pipeline's sends
+            commands = [tuple(args) for args in commands]
+            self.begin_sent = any(
+                is_begin([a if isinstance(a, bytes) else str(a).encode() for a in args]) for args in commands
+            )
+            return super().pack_commands(commands)
 
         async def read_response(self, *args: Any, **kwargs: Any) -> Any:
             if self.begin_sent:

@@ -27,6 +27,8 @@ from typing import Any
 
 import redis
 
+from .exchange import exchange_for
+
 # At most this many commands in one pipeline. A batch's replies come back together, so a bigger batch
 # holds its first callers longer; past about a hundred the round trips saved no longer pay for that
 # (measured with benchmarks/bench_async.py, see docs/performance.md "Auto-pipelining").
@@ -46,9 +48,11 @@ class NotSent(redis.ConnectionError):
 class AutoPipeline:
     """Sends the commands of one asyncio client, batching those that queue up behind a send."""
 
-    __slots__ = ("_client", "_lanes", "_limit", "_queue", "_senders", "_sending")
+    __slots__ = ("_client", "_lanes", "_limit", "_queue", "_senders", "_sending", "_wire")
 
-    def __init__(self, client: Any, *, limit: int = BATCH_LIMIT, lanes: int = LANES) -> None:
+    def __init__(
+        self, client: Any, *, limit: int = BATCH_LIMIT, lanes: int = LANES, direct: bool = True
+    ) -> None:
         if limit < 1 or lanes < 1:
             raise ValueError("an auto-pipeline needs limit >= 1 and lanes >= 1")
         self._client = client
@@ -57,6 +61,7 @@ class AutoPipeline:
         self._queue: list[_Waiting] = []
         self._sending = 0
         self._senders: set[asyncio.Task[None]] = set()  # held: the loop keeps only weak references
+        self._wire = exchange_for(client, keep=lanes) if direct else None
 
     @property
     def queued(self) -> int:
@@ -68,14 +73,24 @@ class AutoPipeline:
         if self._sending < self._lanes and not self._queue:
             self._sending += 1
             try:
-                return await self._client.execute_command(*args)
+                if self._wire is None:
+                    return await self._client.execute_command(*args)
+                (reply,) = await self._wire.send([args])
             finally:
                 self._sending -= 1
                 self._start_sender()
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
         waiting: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((args, waiting))
         self._start_sender()
         return await waiting
+
+    async def aclose(self) -> None:
+        """Give back the connections kept between sends (see :mod:`.exchange`)."""
+        if self._wire is not None:
+            await self._wire.aclose()
 
     def _start_sender(self) -> None:
         if self._queue and self._sending < self._lanes:
@@ -100,7 +115,9 @@ class AutoPipeline:
         if not batch:
             return
         try:
-            if len(batch) == 1:
+            if self._wire is not None:
+                replies = await self._wire.send([args for args, _ in batch])
+            elif len(batch) == 1:
                 replies = [await _reply_or_error(self._client, batch[0][0])]
             else:
                 pipe = self._client.pipeline(transaction=False)

@@ -98,26 +98,34 @@ class PerLoop(Generic[T]):
 
 @dataclass(eq=False)
 class LoopClient:
-    """One event loop's asyncio client and its auto-pipeline."""
+    """One event loop's asyncio client and its auto-pipeline: ``direct``, it sends on the client's
+    connections itself (see :mod:`.exchange`), else through redis-py's commands and pipelines."""
 
     client: AsyncClient
+    direct: bool = False
     pipeline: AutoPipeline = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pipeline = AutoPipeline(self.client)
+        self.pipeline = AutoPipeline(self.client, direct=self.direct)
 
     async def aclose(self) -> None:
+        await self.pipeline.aclose()
         await self.client.aclose()
 
 
 class LoopClients:
     """The asyncio client of each event loop, made by ``factory`` on a loop's first need (None: there
-    is no way to make one); ``owned`` clients are closed when their loop shuts down."""
+    is no way to make one); ``owned`` clients are closed when their loop shuts down; ``direct``: the
+    store built them to make one try per command, so their commands may skip redis-py's command
+    layer (see :mod:`.exchange`: a client with a retry policy of its own keeps it)."""
 
-    __slots__ = ("_factory", "_per_loop")
+    __slots__ = ("_direct", "_factory", "_per_loop")
 
-    def __init__(self, factory: Callable[[], AsyncClient] | None, *, owned: bool) -> None:
+    def __init__(
+        self, factory: Callable[[], AsyncClient] | None, *, owned: bool, direct: bool = False
+    ) -> None:
         self._factory = factory
+        self._direct = direct
         self._per_loop: PerLoop[LoopClient] = PerLoop(self._make, LoopClient.aclose if owned else None)
 
     @property
@@ -135,4 +143,4 @@ class LoopClients:
     def _make(self) -> LoopClient:
         if self._factory is None:
             raise StoreError(NO_ASYNC_WAY)
-        return LoopClient(self._factory())
+        return LoopClient(self._factory(), self._direct)

@@ -170,6 +170,7 @@ class RedisEffectStore:
         self._loops = LoopClients(
             async_factory(async_client, self._parsed_url, self._timeouts, self._client),
             owned=async_client is None or is_factory(async_client),
+            direct=self._async_own_tries,
         )
         # how the operations' plans are carried out: the blocking client, or the running loop's
         self._io = blocking_io(lambda: self.client)
