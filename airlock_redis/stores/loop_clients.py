@@ -41,12 +41,15 @@ class PerLoop(Generic[T]):
     """One value per event loop, made by ``make()`` on a loop's first need; with ``close``, closed
     (``await close(value)``) when its loop shuts down."""
 
-    __slots__ = ("_close", "_held", "_make")
+    __slots__ = ("_close", "_held", "_last", "_make")
 
     def __init__(self, make: Callable[[], T], close: Callable[[T], Awaitable[None]] | None = None) -> None:
         self._make = make
         self._close = close
         self._held: dict[asyncio.AbstractEventLoop, _Held[T]] = {}
+        # the last loop asked for and its value: every command of a call asks, nearly always from the
+        # same loop (the loop is held here, as in _held, so it cannot be another loop at its address)
+        self._last: tuple[asyncio.AbstractEventLoop, T] | None = None
 
     @property
     def loops(self) -> frozenset[asyncio.AbstractEventLoop]:
@@ -56,6 +59,9 @@ class PerLoop(Generic[T]):
     def current(self) -> T:
         """The running loop's value (made now if it has none)."""
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0] is loop:
+            return last[1]
         held = self._held.get(loop)
         if held is None:
             value = self._make()
@@ -64,11 +70,13 @@ class PerLoop(Generic[T]):
             if self._close is not None:
                 held.closer = self._close_with_loop(loop, held)
                 step(held.closer.__anext__())  # registers it with the loop, parks it at its yield
+        self._last = (loop, held.value)
         return held.value
 
     async def aclose_current(self, close: Callable[[T], Awaitable[None]] | None = None) -> None:
         """Let the running loop's value go now, closed as it would be with its loop (or, when it is
         not closed with its loop, by ``close``)."""
+        self._last = None
         held = self._held.pop(asyncio.get_running_loop(), None)
         if held is None:
             return
@@ -83,12 +91,14 @@ class PerLoop(Generic[T]):
         try:
             yield
         finally:
+            self._last = None
             if self._held.get(loop) is held:
                 del self._held[loop]
             if not loop.is_closed() and self._close is not None:
                 await self._close(held.value)
 
     def _forget_closed_loops(self) -> None:
+        self._last = None
         for loop, held in list(self._held.items()):
             if loop.is_closed():
                 self._held.pop(loop, None)

@@ -142,12 +142,12 @@ class AsyncIO:
         return await _ASYNC[type(op)](self._client(), op)
 
     async def _send(self, args: tuple[Any, ...]) -> Any:
-        client = self._client()
         try:
             if self._command is not None:
                 return await self._command(args)
-            return await client.execute_command(*args)
+            return await self._client().execute_command(*args)
         except ClusterError as exc:
+            client = self._client()
             key = key_of(args)
             if key is None or not gave_up_on_ask(client, exc):
                 raise
