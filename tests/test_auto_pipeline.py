@@ -295,6 +295,35 @@ def test_a_caller_cancelled_in_the_queue_is_never_sent_and_cancels_nobody_else(
     assert stored == [b"1", None, b"1"]
 
 
+def test_commands_of_one_loop_turn_leave_together_and_so_do_the_next_ones_of_their_callers(
+    redis_server: EmbeddedRedis,
+) -> None:
+    """With a send on its way, ten callers that each send in the same turn of the loop leave in one
+    batch (none goes alone on the second lane), and when that batch is answered, their next commands,
+    sent at once, leave together again: the sender waits a turn for them."""
+    sends = Sends()
+    keys = [f"ap:{secrets.token_hex(5)}" for _ in range(10)]
+
+    async def caller(pipe: AutoPipeline, key: str) -> list[Any]:
+        return [await pipe.execute(("SET", key, b"1")), await pipe.execute(("GET", key))]
+
+    async def scenario() -> list[Any]:
+        client = aredis.Redis.from_url(redis_server.url, socket_timeout=5)
+        sends.watch(client)
+        pipe = AutoPipeline(client)
+        holder = asyncio.ensure_future(pipe.execute(blocking_pop(0.2)))
+        await until(lambda: len(sends.batches) == 1, "the hold")
+        outcomes = await within(asyncio.gather(*(caller(pipe, key) for key in keys)), "the callers")
+        await within(holder, "the hold")
+        await pipe.aclose()
+        await client.aclose()
+        return outcomes
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == [[True, b"1"]] * len(keys)
+    assert [len(batch) for batch in sends.batches] == [1, len(keys), len(keys)], sends.batches
+
+
 def test_an_error_reply_fails_only_its_command_in_the_batch(redis_server: EmbeddedRedis) -> None:
     key = f"ap:{secrets.token_hex(5)}"
 
