@@ -27,6 +27,7 @@ failure, raised: every command of it may have landed.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
@@ -73,7 +74,7 @@ class Exchange:
                 replies = [await self._reply(connection, args[0]) for args in commands]
             keep = len(self._idle) < self._keep
             return replies
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # the deadline (the same class from 3.11 on)
             await connection.disconnect(nowait=True)
             raise redis.TimeoutError(f"no reply within {limit}s: the commands may have landed") from None
         except BaseException:
