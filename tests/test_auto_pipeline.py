@@ -175,12 +175,13 @@ def test_concurrent_calls_share_pipelines_and_each_gets_its_own_value(
         assert status_of(store, call_id) is Status.COMMITTED
 
 
-def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: EmbeddedRedis) -> None:
+@pytest.mark.parametrize("given", [False, True], ids=["store-built-client", "given-client"])
+def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: EmbeddedRedis, given: bool) -> None:
     """Every round is checked; the batching that makes the test mean something (the spoiled call's
     command sharing a batch) depends on the scheduler, so up to five rounds are run to see it."""
     shared_once = False
     for _ in range(5):
-        store, sends = recording_store(redis_server.url)
+        store, sends = recording_store(redis_server.url, given=given)
         ids = [fresh("c") for _ in range(CALLS)]
         spoiled = ids[CALLS // 2]
         redis.Redis.from_url(redis_server.url).rpush(store.key(spoiled), b"not a record")
@@ -207,8 +208,11 @@ def test_an_error_reply_in_a_batch_fails_only_its_own_call(redis_server: Embedde
     assert shared_once, "the spoiled call's command never shared a batch in 5 rounds: the test proved nothing"
 
 
-def test_a_flushed_script_cache_in_a_batch_is_sent_again_with_the_source(redis_server: EmbeddedRedis) -> None:
-    store, sends = recording_store(redis_server.url)
+@pytest.mark.parametrize("given", [False, True], ids=["store-built-client", "given-client"])
+def test_a_flushed_script_cache_in_a_batch_is_sent_again_with_the_source(
+    redis_server: EmbeddedRedis, given: bool
+) -> None:
+    store, sends = recording_store(redis_server.url, given=given)
     admin = redis.Redis.from_url(redis_server.url)
     ids = [fresh("c") for _ in range(CALLS)]
 
