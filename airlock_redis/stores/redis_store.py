@@ -21,6 +21,7 @@ import asyncio
 import logging
 import os
 import shlex
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
@@ -45,7 +46,19 @@ from .keys import DEFAULT_NAMESPACE, check_namespace, index_key, record_key
 from .layout import pack_holder, parse_holder
 from .loop_clients import LoopClients
 from .redis_clients import async_factory, decodes_responses, is_factory, url_of_client
-from .redis_io import REDIS_FAILURES, Command, Facts, MaxBulk, Read, Waited, async_io, blocking_io, one, tried
+from .redis_io import (
+    REDIS_FAILURES,
+    Command,
+    Facts,
+    MaxBulk,
+    Pause,
+    Read,
+    Waited,
+    async_io,
+    blocking_io,
+    one,
+    tried,
+)
 from .renewals import renew_all
 from .replies import parse_begin, parse_record, parse_transition
 from .script_args import SHAS, ScriptArgs, ScriptCommand
@@ -64,6 +77,11 @@ from .wakeups import AFTER_LEASE, Listener
 from .write_behind import CLOSE_TIMEOUT, WriteBehind
 
 T = TypeVar("T")
+
+FACTS_POLL = 0.005  # seconds between a waiting begin's looks at the first begin's read of the facts
+# at most this many seconds a begin waits for another's read of the facts before it reads them itself:
+# the read is four commands, each bounded by the socket timeout (5 s by default)
+FACTS_WAIT = 20.0
 
 DEFAULT_URL = "redis://localhost:6379/0"
 # the URL a store made with no url and no client connects to (the CLI's --url default too)
@@ -100,9 +118,11 @@ class RedisEffectStore:
     Redis stays unreachable) leaves the record pending: retries are refused, the tool is never run
     again. :meth:`flush` waits for the queued writes; :meth:`close` and interpreter exit flush them.
 
-    Every command goes through the redis-py client's public API (``execute_command``, pipelines).
-    Clients the store builds from ``url`` make one try per command and the store re-sends, seeing
-    every try (see :mod:`.tries`); a client passed in keeps its own retry policy.
+    Every command goes through redis-py's public API: ``execute_command`` and pipelines, and, for the
+    auto-pipelined commands of the asyncio client the store builds from ``url``, the connections'
+    own ``pack_commands``/``send_packed_command``/``read_response`` (see :mod:`.exchange`). Clients the
+    store builds from ``url`` make one try per command and the store re-sends, seeing every try (see
+    :mod:`.tries`); a client passed in keeps its own retry policy.
     """
 
     def __init__(
@@ -141,6 +161,8 @@ class RedisEffectStore:
         self._replica_wait = ReplicaWait(wait_replicas, wait_timeout) if wait_replicas else None
         self._facts: ServerFacts | None = None
         self._facts_checked = False
+        # a begin reads them now, until this time.monotonic(): the others wait for it (see _first_facts)
+        self._facts_reading_until = 0.0
         self._scripts_run = False  # until a begin ran the begin script, begins go by script (see begin)
         if wait_replicas and socket_timeout is not None and socket_timeout <= wait_timeout:
             # WAIT holds its connection up to wait_timeout: a read timeout no longer than that cuts
@@ -325,6 +347,22 @@ class RedisEffectStore:
         self._learn_server(facts)
         return facts
 
+    def _first_facts(self) -> Plan[None]:
+        """The server facts, read by one begin of a burst of first begins: while one reads them, the
+        others wait for its answer (each reading them would send hundreds of INFO commands at a
+        busy service's start). A read that fails lets the next waiter try. None waits longer than
+        ``FACTS_WAIT``: a reader cancelled mid-read (whose plan may not be closed at once, so that
+        its ``finally`` has not run) holds nobody up for longer than that."""
+        while not self._facts_checked:
+            if time.monotonic() >= self._facts_reading_until:
+                self._facts_reading_until = time.monotonic() + FACTS_WAIT
+                try:
+                    yield from self._checking()
+                finally:
+                    self._facts_reading_until = 0.0
+                return
+            yield Pause(FACTS_POLL)
+
     def ensure_durable(self, request: BeginRequest) -> None:
         """After a started begin: raise (a StoreError) unless wait_replicas replicas hold the record."""
         if self._replica_wait is not None:
@@ -391,7 +429,7 @@ class RedisEffectStore:
 
     def _beginning(self, request: BeginRequest, new_tries: Callable[[], Tries]) -> Plan[BeginOutcome]:
         if not self._facts_checked:
-            yield from self._checking()
+            yield from self._first_facts()
         if self._replica_wait is not None:
             return (yield from self._begin_waited(request, new_tries()))
         key = self.key(request.tool_call_id)
