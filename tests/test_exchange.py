@@ -28,6 +28,7 @@ from airlock_redis import EffectGuard, RedisEffectStore, tool_call_context
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores.exchange import KEEP_ONLY_WITH, Exchange, exchange_for
 from airlock_redis.stores.tries import never_sent
+from tests.resp import names_in, requests_in
 
 pytestmark = pytest.mark.redis_server
 
@@ -222,10 +223,13 @@ def test_the_store_writes_directly_only_on_the_client_it_built(redis_server: Emb
         pool = client.connection_pool
 
         class Watching(pool.connection_class):  # type: ignore[misc,name-defined]
-            def pack_commands(self, commands: Any) -> Any:
-                commands = [tuple(args) for args in commands]
-                seen[name].extend(str(args[0]) for args in commands)
-                return super().pack_commands(commands)
+            async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+                seen[name].extend(names_in(requests_in(command)))
+                await super().send_packed_command(command, check_health)
+
+            async def send_command(self, *args: Any, **kwargs: Any) -> None:  # redis-py's commands
+                seen[name].append(f"alone:{str(args[0]).upper()}")
+                await super().send_command(*args, **kwargs)
 
         pool.connection_class = Watching
 
@@ -245,5 +249,49 @@ def test_the_store_writes_directly_only_on_the_client_it_built(redis_server: Emb
         await given_client.aclose()
 
     asyncio.run(scenario())
-    assert any(name.startswith("EVAL") for name in seen["built"]), seen  # the first begin, the commit
-    assert seen["given"] == []
+    # the store's client: the begins and the commit written by the exchange, nothing by execute_command
+    # but the first begin's reads of the server's facts; a given client: every command alone
+    assert any(name.startswith("EVAL") for name in seen["built"]), seen
+    assert not any(name.startswith("alone:EVAL") or name == "alone:SET" for name in seen["built"]), seen
+    assert any(name.startswith("alone:EVAL") for name in seen["given"]), seen
+
+
+@pytest.mark.parametrize(
+    "commands",
+    [
+        [("SET", b"k", b"v", "NX", "PX", 86_400_000)],
+        [("EVALSHA", "a" * 40, 1, b"ns:{tag}:id", b"\x00\xff" * 40, -1, 0, "ünïcode ✓", b"")],
+        [("SET", b"big", b"x" * 100_000), ("GET", b"big"), ("PING",)],
+    ],
+    ids=["set-nx", "evalsha-mixed", "large-and-many"],
+)
+def test_the_exchange_packs_commands_as_redis_py_does(commands: list[tuple[Any, ...]]) -> None:
+    from airlock_redis.stores.exchange import pack
+
+    connection = aredis.Connection()
+    ours = pack(commands)
+    assert ours is not None
+    assert ours == b"".join(bytes(chunk) for chunk in connection.pack_commands(commands))
+    assert requests_in(ours) == [
+        tuple(a if isinstance(a, bytes) else str(a).encode() for a in command) for command in commands
+    ]
+
+
+def test_an_argument_the_exchange_does_not_pack_goes_to_redis_py() -> None:
+    from airlock_redis.stores.exchange import pack
+
+    assert pack([("SET", b"k", 1.5)]) is None
+    assert pack([("SET", b"k", True)]) is None
+    assert pack([("SET", b"k", memoryview(b"v"))]) is None
+
+
+def test_a_float_argument_still_reaches_the_server(redis_server: EmbeddedRedis) -> None:
+    async def scenario() -> list[Any]:
+        client = client_of(redis_server)
+        wire = Exchange(client, keep=2)
+        replies = await wire.send([("SET", key(), 2.5), ("ECHO", 1.25)])
+        await wire.aclose()
+        await client.aclose()
+        return replies
+
+    assert asyncio.run(scenario()) == [True, b"1.25"]

@@ -35,6 +35,7 @@ from airlock_redis.stores.acl import required_commands
 from airlock_redis.stores.scripts import script_source
 from tests.faults import Action, ChaosProxy, Fault
 from tests.procs import is_script_call
+from tests.resp import requests_in
 from tests.topo_helpers import fresh_id, namespace
 from tests.topologies import HOST, RedisProcess, free_ports, wait_until
 
@@ -408,12 +409,10 @@ def signal_begin_reads(client: Any, reading: asyncio.Event) -> None:
             self.begin_sent = is_begin(raw)
             await super().send_command(*args, **kwargs)
 
-        def pack_commands(self, commands: Any) -> Any:  # the store's auto-pipeline's sends
-            commands = [tuple(args) for args in commands]
-            self.begin_sent = any(
-                is_begin([a if isinstance(a, bytes) else str(a).encode() for a in args]) for args in commands
-            )
-            return super().pack_commands(commands)
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            # the store's auto-pipeline's sends (and a command alone, after send_command above)
+            self.begin_sent = any(is_begin(list(args)) for args in requests_in(command))
+            await super().send_packed_command(command, check_health)
 
         async def read_response(self, *args: Any, **kwargs: Any) -> Any:
             if self.begin_sent:
