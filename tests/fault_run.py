@@ -48,8 +48,7 @@ from airlock_redis.context import current_call_context
 from airlock_redis.core.codec import decode_result
 from airlock_redis.core.records import BeginOutcome, BeginRequest, Settlement, TransitionResult
 from airlock_redis.core.reversibility import ReversibilityName
-from airlock_redis.stores import write_behind as write_behind_module
-from airlock_redis.stores.replies import parse_transition
+from airlock_redis.stores.write_behind import WriteBehindOutcome
 from tests import history_checker
 from tests.faults import (
     Action,
@@ -112,14 +111,14 @@ class RecordingStore(RedisEffectStore):
     it is noted with the result ``queued``, never ``ok`` (the checker must not take it for a confirmed
     commit), and when the store's sender lands it or gives it up, a ``commit:landed`` (or
     ``settle:unknown:landed``) step is noted with the answer the server gave (``ok``, ``superseded``,
-    ...) or ``error:<type>`` (see :func:`watch_write_behind`)."""
+    ...) or ``error:<type>``, as the store's public listener
+    (``add_write_behind_listener``) reports it."""
 
     def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
         self.steps: list[dict[str, Any]] = []
         self._steps_lock = threading.Lock()  # the write-behind sender notes landings from its thread
-        if self.write_behind:
-            watch_write_behind()
+        self.add_write_behind_listener(self._write_behind_done)
 
     def take_steps(self) -> list[dict[str, Any]]:
         """The steps noted so far (and forgotten here)."""
@@ -136,6 +135,18 @@ class RecordingStore(RedisEffectStore):
         w, n = _CALL_KEY.get()
         with _BEHIND_LOCK:
             _BEHIND_WRITES[request.token, op] = (self, w, n, request.tool_call_id, sent)
+
+    def _write_behind_done(self, outcome: WriteBehindOutcome) -> None:
+        """The store's listener: a queued write landed or was given up (called before anyone waiting
+        for it hears it, so the time noted is no later than what they see)."""
+        at = time.time()
+        op = _BEHIND_WHAT.get(outcome.what, "")
+        if outcome.result is not None:
+            self._behind_done(op, outcome.request, outcome.result.value, "", at)
+        else:
+            error = outcome.error
+            name = type(error).__name__
+            self._behind_done(op, outcome.request, f"error:{name}", f"{name}: {error}", at)
 
     def _behind_done(self, op: str, request: BeginRequest, result: str, detail: str, at: float = 0.0) -> None:
         with _BEHIND_LOCK:
@@ -259,44 +270,6 @@ _BEHIND_WHAT = {"commit": "commit", "settle to unknown": "settle:unknown"}
 # write-behind writes queued and not landed yet: (attempt token, op) -> (store, w, n, id, when queued)
 _BEHIND_WRITES: dict[tuple[str, str], tuple[RecordingStore, int, int, str, float]] = {}
 _BEHIND_LOCK = threading.Lock()
-
-
-def watch_write_behind() -> None:
-    """Note when each write-behind write of a RecordingStore lands or is given up. The store reports
-    neither (it only logs a failure), so this wraps the sender's ``_landed`` and ``_given_up`` (tests
-    only, once per process). Without them (renamed) no landing is noted, and the checker goes by what
-    the calls saw alone (a replay of the value, the final record)."""
-    behind = write_behind_module
-    landed, given_up = getattr(behind, "_landed", None), getattr(behind, "_given_up", None)
-    if landed is None or given_up is None or getattr(behind, "_fault_run_watched", False):
-        return
-
-    def done(write: Any, result: str, detail: str, at: float) -> None:
-        op = _BEHIND_WHAT.get(str(getattr(write, "what", "")), "")
-        request = getattr(write, "request", None)
-        with _BEHIND_LOCK:
-            found = _BEHIND_WRITES.get((getattr(request, "token", ""), op))
-        if found is not None and isinstance(request, BeginRequest):
-            found[0]._behind_done(op, request, result, detail, at)
-
-    def noting_landed(write: Any, reply: Any, landing: Any) -> None:
-        at = time.time()  # the reply is here: the write is on the server (before anyone waiting hears it)
-        try:
-            result: str | None = parse_transition(reply).value
-        except Exception:
-            result = None  # _landed gives it up (through noting_given_up)
-        landed(write, reply, landing)
-        if result is not None:
-            done(write, result, "", at)
-
-    def noting_given_up(write: Any, error: BaseException, landing: Any) -> None:
-        at = time.time()
-        given_up(write, error, landing)
-        done(write, f"error:{type(error).__name__}", f"{type(error).__name__}: {error}", at)
-
-    behind._landed = noting_landed
-    behind._given_up = noting_given_up
-    behind._fault_run_watched = True  # type: ignore[attr-defined]
 
 
 def _answer(answer: Any) -> str:

@@ -74,7 +74,7 @@ from .url import (
     sync_client,
 )
 from .wakeups import AFTER_LEASE, Listener
-from .write_behind import CLOSE_TIMEOUT, WriteBehind
+from .write_behind import CLOSE_TIMEOUT, WriteBehind, WriteBehindListener
 
 T = TypeVar("T")
 
@@ -116,7 +116,8 @@ class RedisEffectStore:
     background sender and the caller goes on without waiting for its reply (see
     :mod:`.write_behind`): a call costs one round trip. A write that never lands (the process dies, or
     Redis stays unreachable) leaves the record pending: retries are refused, the tool is never run
-    again. :meth:`flush` waits for the queued writes; :meth:`close` and interpreter exit flush them.
+    again. :meth:`flush` waits for the queued writes; :meth:`close` and interpreter exit flush them;
+    :meth:`add_write_behind_listener` hears what became of each.
 
     Every command goes through redis-py's public API: ``execute_command`` and pipelines, and, for the
     auto-pipelined commands of the asyncio client the store builds from ``url``, the connections'
@@ -523,6 +524,16 @@ class RedisEffectStore:
     async def aflush(self, timeout: float | None = None) -> bool:
         """Coroutine form of :meth:`flush`: the loop keeps running (its own sender included)."""
         return self._behind is None or await self._behind.aflush(timeout)
+
+    def add_write_behind_listener(self, listener: WriteBehindListener) -> None:
+        """With ``write_behind``: call ``listener(outcome)`` for every queued write once it has landed
+        (``outcome.result``: the server's answer) or was given up (``outcome.error``; logged as well),
+        a :class:`~airlock_redis.stores.write_behind.WriteBehindOutcome`, before :meth:`flush` hears of
+        it. It runs on the sender (its thread, or the event loop's task): keep it short, never block;
+        an exception it raises is logged and ignored. A write sent synchronously (past the queue's
+        bound) answers its caller instead, and without ``write_behind`` it is never called."""
+        if self._behind is not None:
+            self._behind.listeners.append(listener)
 
     def resolve(
         self,

@@ -23,13 +23,19 @@ The senders:
 Each sender takes what is queued, in order, at most ``BATCH_LIMIT`` writes, and sends them as one
 ``pipeline(transaction=False)`` round trip (redis-py's public API). A batch never holds two writes of
 the same record, so a later write of a record never overtakes an earlier one, even when a batch is
-partly sent again. A write is retried as the store's synchronous path retries it (:mod:`.tries`: a
-dropped connection or a timeout is sent again, with the script's source; a NOSCRIPT answer is sent
-again with the source at once; an error reply is final). One that still fails is logged at ERROR
-with the tool and the tool_call_id; the record stays pending: retries are refused as in doubt and the
-tool is never run again (until ``pending_ttl`` ends, as after a failed synchronous commit). The store
-has no reporting hook of its own (the guard's observer lives above the store), so a failure after the
-caller got its value is logged only; the guard has already reported the call as committed.
+partly sent again. A write is first re-sent as the store's synchronous path re-sends it (:mod:`.tries`:
+a dropped connection or a timeout is sent again, with the script's source; a NOSCRIPT answer is sent
+again with the source at once), and then for longer: a write that fails with an error of ``RESEND``
+(a dropped connection, a timeout, or what a failover answers while it lasts) is sent again, with a
+capped exponential backoff, until ``RETRY_WINDOW`` seconds have passed since its first send (nobody
+waits for it, and a failover takes seconds). Any other error reply is final. Writes queued before a
+``close`` that gave up waiting for them go back to the synchronous path's tries only. A write that
+still fails is given up: logged at ERROR with the tool and the tool_call_id; the record stays
+pending: retries are refused as in doubt and the tool is never run again (until ``pending_ttl`` ends,
+as after a failed synchronous commit). The guard has already reported the call as committed (its
+observer lives above the store); to learn what became of each write, register a listener with
+:meth:`airlock_redis.RedisEffectStore.add_write_behind_listener`: it is called with a
+:class:`WriteBehindOutcome` once the write landed (the server's answer) or was given up (the error).
 
 Reads by this process: every operation of the store on a record (begin, get, resolve, release) first
 waits until the writes this process queued for that record have landed (or were given up), so a begin
@@ -37,10 +43,11 @@ of a tool_call_id whose commit is still queued sees the committed value. Another
 record pending until the write lands: that is the cost of write-behind.
 
 ``flush(timeout)`` waits until every write queued before it has landed; ``store.close()`` flushes (at
-most ``CLOSE_TIMEOUT`` seconds), and so does interpreter exit (an ``atexit`` hook, at most
-``EXIT_TIMEOUT`` seconds per store). After ``os.fork`` the child starts with empty queues and no
-sender: it never sends the parent's writes (the parent still does), and its own writes start a
-sender of its own.
+most ``CLOSE_TIMEOUT`` seconds in all: a write still being re-sent then gets no more than the
+synchronous path's tries, and is given up and logged after them), and so does interpreter exit (an
+``atexit`` hook, at most ``EXIT_TIMEOUT`` seconds per store). After ``os.fork`` the child starts with
+empty queues and no sender: it never sends the parent's writes (the parent still does), and its own
+writes start a sender of its own (the store's listeners stay).
 
 When ``QUEUE_LIMIT`` writes wait (Redis is slow or unreachable), a further commit is sent synchronously
 (the caller waits for it, as without write-behind): the queue's memory stays bounded.
@@ -52,15 +59,24 @@ import asyncio
 import atexit
 import logging
 import os
+import random
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import redis
-from redis.exceptions import NoScriptError
+from redis.exceptions import (
+    ClusterDownError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
+    RedisClusterUnreachableError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 
 from ..core.errors import StoreError
 from ..core.records import BeginRequest, TransitionResult
@@ -68,7 +84,7 @@ from ..core.stepping import Plan, adrive, drive
 from .redis_io import REDIS_FAILURES, Command, Op, Pause, Read, Waited
 from .replies import parse_transition
 from .script_args import ScriptCommand
-from .tries import Tries
+from .tries import RETRYABLE, Tries
 
 log = logging.getLogger("airlock_redis")
 
@@ -88,6 +104,55 @@ KEY_WAIT_TIMEOUT = 10.0  # seconds an operation on a record waits for that recor
 # GIL with the callers), which on loopback made write-behind slower than without it.
 LINGER = 0.002
 IDLE_EXIT = 5.0  # seconds the blocking sender waits idle before it ends (the next write starts one)
+# A write that keeps failing with an error of RESEND is sent again until this many seconds have passed
+# since its first send. The synchronous path's few tries (.tries: about half a second) suit a caller
+# who waits; nobody waits for a queued write, and one given up leaves its call in doubt for no reason
+# (the record stays pending). A failover takes seconds: a Cluster promotes a replica after
+# cluster-node-timeout (15 s by default) and an election, a Sentinel after down-after-milliseconds and
+# an election (issue 27: during Cluster primary kills about 1% of queued commits were given up after
+# the few tries). Bounded all the same, so that a Redis that stays down ends in a logged give-up:
+# meanwhile later writes wait behind the one being re-sent (per-record order), and past QUEUE_LIMIT a
+# commit is sent synchronously. The backoff's cap bounds how long a write waits once Redis is back.
+RETRY_WINDOW: Final = 30.0
+RETRY_BACKOFF: Final = (0.05, 1.0)  # seconds: base and cap of those re-sends' backoff (full jitter)
+RESEND: Final = (
+    *RETRYABLE,  # a dropped connection or a timeout, as in .tries; LOADING is a ConnectionError too
+    ClusterDownError,  # CLUSTERDOWN, MASTERDOWN: the slot's primary failed, no replica promoted yet
+    TryAgainError,  # TRYAGAIN: a slot moving or failing over
+    ReadOnlyError,  # READONLY: a primary just demoted to a replica
+    SlotNotCoveredError,  # the cluster client's map has no node for the slot yet
+    RedisClusterUnreachableError,  # the cluster client reached no node when it read the map again
+)
+"""The errors after which the sender sends a write again for up to ``RETRY_WINDOW`` seconds: none of
+them was applied on the server, or it may have been and every transition is safe to send again (the
+attempt's owner token: see lua/*.lua)."""
+# what a pipeline's round trip may raise (a Cluster client's own errors are not RedisErrors)
+SEND_FAILURES: Final = (*REDIS_FAILURES, RedisClusterException)
+
+
+class WriteBehindOutcome(NamedTuple):
+    """What became of one write-behind write, as a listener registered with
+    :meth:`airlock_redis.RedisEffectStore.add_write_behind_listener` gets it: it landed (``error`` is
+    None; ``result`` is the server's answer: ``OK``, or why it did not apply), or it was given up
+    (``error`` says why; ``result`` is None; the record stays pending)."""
+
+    request: BeginRequest  # the call: its tool_call_id, tool and attempt's owner token
+    what: str  # "commit" or "settle to unknown"
+    result: TransitionResult | None
+    error: BaseException | None
+
+    @property
+    def tool_call_id(self) -> str:
+        """The call's tool_call_id."""
+        return self.request.tool_call_id
+
+    @property
+    def landed(self) -> bool:
+        """True when the server answered the write (``result``), False when it was given up."""
+        return self.error is None
+
+
+WriteBehindListener = Callable[[WriteBehindOutcome], None]
 
 
 class Write(NamedTuple):
@@ -111,11 +176,13 @@ class _Landing:
     """Which writes are queued and not yet landed (or given up), for the whole store: by record key
     (for the reads that must wait) and by sequence number (for flush)."""
 
-    def __init__(self) -> None:
+    def __init__(self, listeners: list[WriteBehindListener]) -> None:
         self.cond = threading.Condition()
         self.by_key: dict[bytes, int] = {}
         self.unfinished: dict[int, bytes] = {}  # in queueing order
         self.issued = 0
+        self.cut = 0  # writes numbered this or lower get the synchronous path's tries only (close)
+        self.listeners = listeners  # the store's (kept across a fork)
 
     def add(self, key: bytes) -> int:
         with self.cond:
@@ -123,6 +190,28 @@ class _Landing:
             self.unfinished[self.issued] = key
             self.by_key[key] = self.by_key.get(key, 0) + 1
             return self.issued
+
+    def finish(self, write: Write, result: TransitionResult | None, error: BaseException | None) -> None:
+        """The write landed (``result``) or was given up (``error``): tell the listeners, then whoever
+        waits for it (so that a flush that returned has had every listener called)."""
+        if self.listeners and write.seq in self.unfinished:
+            outcome = WriteBehindOutcome(write.request, write.what, result, error)
+            for listener in tuple(self.listeners):
+                try:
+                    listener(outcome)
+                except Exception:  # a listener's bug must not stop the sender, nor the other listeners
+                    log.exception(
+                        "airlock_redis: a write-behind listener raised on the %s of tool_call_id=%r "
+                        "(ignored)",
+                        write.what,
+                        write.request.tool_call_id,
+                    )
+        self.done(write)
+
+    def cut_until(self, mark: int) -> None:
+        """Writes numbered ``mark`` or lower are re-sent only as the synchronous path re-sends."""
+        with self.cond:
+            self.cut = max(self.cut, mark)
 
     def done(self, write: Write) -> None:
         with self.cond:
@@ -168,14 +257,18 @@ class WriteBehind:
     def __init__(self, blocking_client: Callable[[], Any], async_client: Callable[[], Any]) -> None:
         self._blocking_client = blocking_client
         self._async_client = async_client
+        self.listeners: list[WriteBehindListener] = []  # see RedisEffectStore.add_write_behind_listener
         self.start_afresh()
         _LIVE.add(self)
 
     def start_afresh(self) -> None:
         """Empty queues and no sender (at creation, and in the child after a fork: the parent's
         writes are the parent's to send)."""
-        self._landing = _Landing()
+        self._landing = _Landing(self.listeners)
         self._lock = threading.Lock()
+        # held while a blocking sender sends a batch: a sender started after a close that stopped the
+        # last one waits until that one's batch is done (a later write of a record never overtakes)
+        self._sending = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queue: deque[Write] = deque()
         self._thread: threading.Thread | None = None
@@ -271,9 +364,17 @@ class WriteBehind:
 
     # -- closing ---------------------------------------------------------------------------------
     def close(self, timeout: float = CLOSE_TIMEOUT) -> bool:
-        """Flush (at most ``timeout`` seconds), then stop the blocking sender if nothing is queued (a
-        later write starts it again). True when every queued write landed or was given up."""
-        flushed = self.flush(timeout)
+        """Flush, then stop the blocking sender if nothing is queued (a later write starts it again),
+        all in at most ``timeout`` seconds. True when every queued write landed or was given up. When
+        the flush gives up waiting, the writes queued so far get the synchronous path's tries only
+        (not ``RETRY_WINDOW``): one still failing after them is given up and logged."""
+        deadline = time.monotonic() + timeout
+        landing = self._landing
+        with landing.cond:
+            mark = landing.issued
+        flushed = landing.wait_until(mark, timeout)
+        if not flushed:
+            landing.cut_until(mark)
         with self._lock:
             thread = self._thread
             if thread is None or self._queue:
@@ -281,7 +382,7 @@ class WriteBehind:
             self._thread = None
             self._wake.notify_all()
         if thread is not threading.current_thread():
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
         return flushed
 
     # -- the blocking sender -----------------------------------------------------------------------
@@ -298,12 +399,13 @@ class WriteBehind:
                 short = len(self._queue) < BATCH_LIMIT
             if short and LINGER:
                 time.sleep(LINGER)  # let more writes join this batch (see LINGER)
-            with self._lock:
-                batch = _take(self._queue)
-            try:
-                drive(_sending(batch, self._landing), self._perform)
-            except Exception as exc:  # never seen: the sender must outlive it, the writes are lost
-                _give_up_all(batch, exc, self._landing)
+            with self._sending:
+                with self._lock:
+                    batch = _take(self._queue)
+                try:
+                    drive(_sending(batch, self._landing), self._perform)
+                except Exception as exc:  # never seen: the sender must outlive it, the writes are lost
+                    _give_up_all(batch, exc, self._landing)
 
     def _perform(self, op: Pipe | Pause) -> Any:
         if type(op) is Pause:
@@ -350,9 +452,10 @@ class _LoopSender:
                     self.abandon()
                     break
                 batch = _take(self._queue)
-                while True:
+                while batch:
                     try:
-                        await adrive(_sending(batch, self._landing), self._perform)
+                        # once the loop shuts down, re-sends stop at the deadline (not RETRY_WINDOW)
+                        await adrive(_sending(batch, self._landing, deadline), self._perform)
                         break
                     except asyncio.CancelledError:
                         # the loop is shutting down (asyncio.run cancels every task): the batch may
@@ -395,37 +498,62 @@ def _take(queue: deque[Write]) -> list[Write]:
     return batch
 
 
-def _sending(batch: list[Write], landing: _Landing) -> Plan[None]:
-    """Send a batch until every write landed or was given up, re-sending as :mod:`.tries` allows."""
+def _sending(batch: list[Write], landing: _Landing, until: float | None = None) -> Plan[None]:
+    """Send a batch until every write landed or was given up, re-sending as :func:`_resend_after`
+    allows (its writes were first sent together, now: ``RETRY_WINDOW`` counts from here, or ends at
+    ``until`` when that comes first)."""
+    window = time.monotonic() + RETRY_WINDOW
+    if until is not None:
+        window = min(window, until)
     todo = batch
+    rounds = 0  # round trips that failed, for the backoff
     while todo:
+        failed: list[tuple[Write, BaseException]] = []
         try:
             replies = yield Pipe(tuple(write.command.next_try() for write in todo))
             if len(replies) != len(todo):  # never seen; no reply may go to the wrong write
                 raise redis.ConnectionError(f"the pipeline answered {len(replies)} replies for {len(todo)}")
-        except REDIS_FAILURES as exc:  # the round trip failed: every write's failure
-            again: list[Write] = []
-            pause = 0.0
-            for write in todo:
-                wait = write.tries.failed(exc)
-                if wait is None:
-                    _given_up(write, exc, landing)
+        except SEND_FAILURES as exc:  # the round trip failed: every write's failure
+            failed, todo = [(write, exc) for write in todo], []
+        else:
+            todo_next: list[Write] = []
+            for write, reply in zip(todo, replies, strict=True):
+                if isinstance(reply, NoScriptError):  # the cache was emptied: next_try sends the source
+                    todo_next.append(write)
+                elif isinstance(reply, Exception):  # an error reply (or a Cluster client's error)
+                    failed.append((write, reply))
                 else:
-                    again.append(write)
-                    pause = max(pause, wait)
-            todo = again
-            if todo:
-                yield Pause(pause)
+                    _landed(write, reply, landing)
+            todo = todo_next
+        if not failed:
             continue
-        todo_next: list[Write] = []
-        for write, reply in zip(todo, replies, strict=True):
-            if isinstance(reply, NoScriptError):  # the cache was emptied: next_try sends the source
-                todo_next.append(write)
-            elif isinstance(reply, Exception):  # an error reply: the server refused it, final
-                _given_up(write, reply, landing)
+        rounds += 1
+        pause = 0.0
+        for write, error in failed:
+            wait = _resend_after(write, error, window, rounds, landing)
+            if wait is None:
+                _given_up(write, error, landing)
             else:
-                _landed(write, reply, landing)
-        todo = todo_next
+                todo.append(write)
+                pause = max(pause, wait)
+        if todo and pause:
+            yield Pause(pause)
+
+
+def _resend_after(
+    write: Write, error: BaseException, window: float, rounds: int, landing: _Landing
+) -> float | None:
+    """The pause before ``write`` is sent again after ``error``, or None: give it up. First the
+    synchronous path's tries (:mod:`.tries`); then, for an error of ``RESEND``, capped exponential
+    backoff with full jitter until ``window`` (a monotonic time) has passed, unless ``close`` gave up
+    waiting for the write meanwhile (then its tries alone, as before the window existed)."""
+    pause = write.tries.failed(error)
+    if pause is not None or not isinstance(error, RESEND) or write.seq <= landing.cut:
+        return pause
+    if time.monotonic() >= window:
+        return None
+    base, cap = RETRY_BACKOFF
+    return random.uniform(0, min(cap, base * 2 ** min(rounds, 16)))
 
 
 def _landed(write: Write, reply: Any, landing: _Landing) -> None:
@@ -452,7 +580,7 @@ def _landed(write: Write, reply: Any, landing: _Landing) -> None:
             request.tool_call_id,
             result.value,
         )
-    landing.done(write)
+    landing.finish(write, result, None)
 
 
 def _given_up(write: Write, error: BaseException, landing: _Landing) -> None:
@@ -466,7 +594,7 @@ def _given_up(write: Write, error: BaseException, landing: _Landing) -> None:
         type(error).__name__,
         error,
     )
-    landing.done(write)
+    landing.finish(write, None, error)
 
 
 def _give_up_all(writes: list[Write], error: BaseException, landing: _Landing) -> None:
