@@ -82,6 +82,11 @@ def _check_agent_airlock() -> None:
         (_BaseAirlock, "_resolve_and_check_policy", ("self", "func_name", "context", "run_context")),
         (_BaseAirlock, "_resolve_escalation", ("self", "policy", "func_name", "escalation")),
         (_BaseAirlock, "_log_blocked", ("self", "func_name", "response", "start_time")),
+        (
+            _BaseAirlock,
+            "_check_sequence_guard",
+            ("self", "func_name", "resolved_policy", "args", "kwargs", "context"),
+        ),
         (_BaseAirlock, "_safe_invoke_callback", ()),
         (_BaseAirlock, "_execute_in_sandbox", ()),
         (AuditLogger, "_write_record", ("self", "record")),
@@ -240,6 +245,25 @@ class Airlock(_BaseAirlock):
         # idempotency key (and an async approver works).
         state.escalation = escalation
         return None
+
+    def _check_sequence_guard(
+        self,
+        *,
+        func_name: str,
+        resolved_policy: _BasePolicy | None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        context: AirlockContext[Any],
+    ) -> AirlockResponse | None:
+        # The one step that sees the call's arguments as the caller passed them (ghosts
+        # stripped), after the policy step and before validation fills in the defaults: kept for
+        # the guard, whose target_args counts only the arguments the caller passed.
+        state = CALL_STATE.get()
+        if state is not None and state.tool == func_name:
+            state.given = (args, kwargs)
+        return super()._check_sequence_guard(
+            func_name=func_name, resolved_policy=resolved_policy, args=args, kwargs=kwargs, context=context
+        )
 
     # the guard ------------------------------------------------------------------------------------
     def _guarded(self, func: Callable[..., Any], outer: list[Callable[..., Any]]) -> Callable[..., Any]:

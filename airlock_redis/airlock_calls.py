@@ -85,7 +85,7 @@ class GuardedRun:
     def prepare(self) -> tuple[GuardedCall, ApprovalRequest | None]:
         """The call as the guard sees it, and the escalation to ask the approver about first, if
         any (one the guard does not ask itself)."""
-        call, planned = self.tool.prepare(self.guard, self.args, self.kwargs)
+        call, planned = self.tool.prepare(self.guard, self.args, self.kwargs, given=self.state.given)
         escalation = self.state.escalation
         if escalation is not None and planned.approval_why is None:
             return call, escalation_request(call, planned, escalation)
@@ -123,9 +123,19 @@ class Tool:
             self._annotation.append(return_annotation(self.func))
         return self._annotation[0]
 
-    def describe(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GuardedCall:
+    def describe(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        given: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
+    ) -> GuardedCall:
+        """The call as the guard sees it: the validated ``args`` and ``kwargs`` (agent_airlock's
+        validation passes every defaulted parameter explicitly), with the names the caller passed
+        read from ``given``, the call's arguments before that validation, when known."""
         context = get_current_context()
         arguments, passed = self.binder.bind(args, kwargs)
+        if given is not None:
+            passed = self.binder.bind(*given)[1]
         carrier = context.user_context if context is not None else None
         # The run wrapper agent_airlock reads the context from is the host's, not an argument.
         skipped = {
@@ -143,9 +153,14 @@ class Tool:
         )
 
     def prepare(
-        self, guard: EffectGuard, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        guard: EffectGuard,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        given: tuple[tuple[Any, ...], dict[str, Any]] | None = None,
     ) -> tuple[GuardedCall, Plan]:
-        call = self.describe(args, kwargs)
+        call = self.describe(args, kwargs, given)
         if guard.dedupe is not None:  # the guard's dedupe= (see docs/in-doubt.md, "Dedupe across ids")
             call = call._replace(dedupe=guard.dedupe)
         return call, plan(call, guard.options)

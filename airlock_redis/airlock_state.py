@@ -25,6 +25,9 @@ class CallState:
     ambient_agent: str | None = None
     ambient_id: Any = None
     checking: bool = False  # True while agent_airlock's policy step runs
+    # The call's arguments as the caller passed them (ghosts stripped), before agent_airlock's
+    # validation hands the tool every defaulted parameter too: what target_args counts.
+    given: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
 
 @dataclass
