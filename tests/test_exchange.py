@@ -295,3 +295,57 @@ def test_a_float_argument_still_reaches_the_server(redis_server: EmbeddedRedis) 
         return replies
 
     assert asyncio.run(scenario()) == [True, b"1.25"]
+
+
+class PrimaryPool(aredis.ConnectionPool):
+    """A pool that says it follows a Sentinel primary (as redis-py's SentinelConnectionPool does with
+    ``is_master``), and notes each time it is told to ask Sentinel for the primary again."""
+
+    is_master = True
+    asked: list[float]
+
+    async def get_master_address(self) -> tuple[str, int]:
+        self.asked.append(asyncio.get_running_loop().time())
+        return ("127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("behind_sentinel", [True, False], ids=["sentinel-primary-pool", "plain-pool"])
+def test_a_readonly_answer_from_a_demoted_primary(behind_sentinel: bool) -> None:
+    """Behind Sentinel, a server that answers READONLY was demoted by a failover: a plain write's and
+    a script's READONLY (Redis 6.2 wraps the script's in ``ERR Error running script``) become
+    OnReplica (refused, never applied, sent again by the store's tries), the connection is closed, not
+    kept, and the pool asks Sentinel for the primary. On a plain pool they stay the error replies."""
+    from airlock_redis.stores.exchange import OnReplica
+
+    target = key()
+    with EmbeddedRedis() as server:
+        admin = redis.Redis.from_url(server.url)
+        admin.execute_command("REPLICAOF", "127.0.0.1", "1")  # a replica (of nothing): refuses writes
+
+        async def scenario() -> tuple[list[Any], int, list[float]]:
+            pool_class = PrimaryPool if behind_sentinel else aredis.ConnectionPool
+            pool = pool_class.from_url(server.url, socket_timeout=5)
+            asked: list[float] = []
+            if isinstance(pool, PrimaryPool):
+                pool.asked = asked
+            client = aredis.Redis.from_pool(pool)
+            wire = Exchange(client, keep=2)
+            script = "return redis.call('SET', KEYS[1], 'x')"
+            replies = await wire.send([("SET", target, b"1"), ("EVAL", script, 1, target), ("GET", target)])
+            kept = wire.kept
+            await wire.aclose()
+            await client.aclose()
+            return replies, kept, asked
+
+        (plain_write, script_write, read), kept, asked = asyncio.run(scenario())
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+    assert read is None
+    if behind_sentinel:
+        assert isinstance(plain_write, OnReplica) and isinstance(script_write, OnReplica)
+        assert never_sent(plain_write) and never_sent(script_write)
+        assert kept == 0 and len(asked) == 1
+    else:
+        for refused in (plain_write, script_write):  # READONLY, or the script's error that wraps it
+            assert isinstance(refused, redis.exceptions.ReadOnlyError) or "READONLY" in str(refused)
+        assert not isinstance(plain_write, OnReplica) and not isinstance(script_write, OnReplica)
+        assert kept == 1

@@ -25,11 +25,20 @@ Each command's error reply comes back in place of its reply (the others are read
 connection is still in step); any other failure (the connection lost, the deadline, a cancellation)
 disconnects the connection, which is then given back to the pool, and is the whole exchange's
 failure, raised: every command of it may have landed.
+
+Behind Sentinel, a ``READONLY`` answer means the server this connection reaches was demoted by a
+failover. redis-py's Sentinel connection turns a plain ``READONLY`` into a dropped connection; a
+script's ``READONLY`` comes back as a plain error reply on Redis 6.2 (``ERR Error running script ...
+-READONLY ...``), and a connection kept here would go on reaching the demoted server. So such a reply
+becomes :class:`OnReplica` (a connection error that says the command was refused, never applied:
+the store's tries send it again), the connection is closed, and the pool asks Sentinel for the
+primary (``get_master_address``, which closes the pool's idle connections to the old one).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import Any
 
@@ -42,6 +51,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - redis-py requires async-timeout on Python 3.10
     from async_timeout import timeout as deadline
 
+
+class OnReplica(redis.ConnectionError):
+    """The server answered READONLY: a failover made it a replica. The command was refused, never
+    applied (a replica runs no write, and a script stops at its first one)."""
+
+
 # A pool smaller than this is never held from (a BlockingConnectionPool made for a user's own
 # commands, say); the store's own pools hold 50.
 KEEP_ONLY_WITH = 16
@@ -50,7 +65,7 @@ KEEP_ONLY_WITH = 16
 class Exchange:
     """Sends commands on connections of ``client``'s pool, keeping up to ``keep`` between sends."""
 
-    __slots__ = ("_callbacks", "_idle", "_keep", "_pack", "_pool")
+    __slots__ = ("_callbacks", "_follows_primary", "_idle", "_keep", "_pack", "_pool")
 
     def __init__(self, client: aredis.Redis, *, keep: int) -> None:
         self._pool: Any = client.connection_pool
@@ -58,6 +73,8 @@ class Exchange:
         room = getattr(self._pool, "max_connections", 0) or 0
         self._keep = keep if room >= KEEP_ONLY_WITH else 0
         self._idle: list[Any] = []
+        # a Sentinel pool of the primary: a READONLY answer means a failover (see the module docstring)
+        self._follows_primary = getattr(self._pool, "is_master", False) is True
         # the store's commands (bytes, str, int arguments) packed here; anything else by redis-py
         encoding = str(getattr(client.get_encoder(), "encoding", "")).lower().replace("_", "-")
         self._pack = pack if encoding in ("utf-8", "utf8") else _not_packed
@@ -78,6 +95,9 @@ class Exchange:
                 packed = self._pack(commands) or connection.pack_commands(commands)
                 await connection.send_packed_command(packed, check_health=False)
                 replies = [await self._reply(connection, args[0]) for args in commands]
+            if self._follows_primary and any(map(_from_a_replica, replies)):
+                await self._primary_moved(connection)
+                return [_as_refused(reply) for reply in replies]
             keep = len(self._idle) < self._keep
             return replies
         except (TimeoutError, asyncio.TimeoutError):  # the deadline (the same class from 3.11 on)
@@ -93,6 +113,12 @@ class Exchange:
                 self._idle.append(connection)
             else:
                 await self._pool.release(connection)
+
+    async def _primary_moved(self, connection: Any) -> None:
+        """The connection reaches a demoted primary: close it, and let the pool ask Sentinel again."""
+        await connection.disconnect(nowait=True)
+        with contextlib.suppress(Exception):  # Sentinel unreachable, no primary yet: asked on connect
+            await self._pool.get_master_address()
 
     async def aclose(self) -> None:
         """Give the kept connections back to the pool."""
@@ -118,6 +144,21 @@ class Exchange:
             return exc
         callback = self._callbacks.get(name)
         return reply if callback is None else callback(reply)
+
+
+def _from_a_replica(reply: Any) -> bool:
+    """A READONLY error reply: a plain one, or a script's as Redis 6.2 wraps it."""
+    if not isinstance(reply, redis.ResponseError):
+        return False
+    text = str(reply)
+    plain = isinstance(reply, redis.exceptions.ReadOnlyError) or text.startswith("READONLY")
+    return plain or "-READONLY " in text
+
+
+def _as_refused(reply: Any) -> Any:
+    if not _from_a_replica(reply):
+        return reply
+    return OnReplica(f"a failover made the server a replica; the command was refused, not applied ({reply})")
 
 
 def exchange_for(client: Any, *, keep: int) -> Exchange | None:

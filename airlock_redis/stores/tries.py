@@ -22,6 +22,7 @@ from typing import Any, Final
 import redis
 
 from .autopipe import NotSent
+from .exchange import OnReplica
 
 RETRIES: Final = 2  # re-sends after the first try
 RETRY_BACKOFF: Final = (0.05, 0.5)  # seconds: base and cap of the exponential backoff with full jitter
@@ -36,7 +37,7 @@ def never_sent(exc: BaseException) -> bool:
     server answered: it refused the command), a failure to connect, or no free pooled connection."""
     if isinstance(exc, redis.ResponseError):
         return True
-    if isinstance(exc, (NotSent, getattr(redis.exceptions, "MaxConnectionsError", ()))):
+    if isinstance(exc, (NotSent, OnReplica, getattr(redis.exceptions, "MaxConnectionsError", ()))):
         return True
     text = str(exc).lower()
     return isinstance(exc, redis.ConnectionError) and (
