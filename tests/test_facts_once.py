@@ -31,9 +31,9 @@ def info_calls(admin: redis.Redis) -> int:
     return int(stats.get("cmdstat_info", {}).get("calls", 0))
 
 
-def test_concurrent_first_asyncio_calls_read_the_facts_once(redis_server: EmbeddedRedis) -> None:
-    admin = redis.Redis.from_url(redis_server.url)
-    store = RedisEffectStore(redis_server.url, namespace=f"facts-{secrets.token_hex(4)}")
+def burst_of_first_calls(store: RedisEffectStore, calls: int) -> tuple[list[int], list[int]]:
+    """``calls`` concurrent first asyncio calls of ``store`` under new ids, in one ``asyncio.run``: the
+    values they returned, in order, and the runs of their tool."""
     runs: list[int] = []
 
     async def charge(n: int) -> int:
@@ -47,13 +47,20 @@ def test_concurrent_first_asyncio_calls_read_the_facts_once(redis_server: Embedd
             return await tool(n)
 
     async def burst() -> list[int]:
-        values = await asyncio.gather(*(one(n) for n in range(CALLS)))
+        values = await asyncio.gather(*(one(n) for n in range(calls)))
         await store.aclose()
         return values
 
+    return asyncio.run(burst()), runs
+
+
+def test_concurrent_first_asyncio_calls_read_the_facts_once(redis_server: EmbeddedRedis) -> None:
+    admin = redis.Redis.from_url(redis_server.url)
+    store = RedisEffectStore(redis_server.url, namespace=f"facts-{secrets.token_hex(4)}")
     before = info_calls(admin)
-    assert asyncio.run(burst()) == list(range(CALLS))
+    values, runs = burst_of_first_calls(store, CALLS)
     read = info_calls(admin) - before
+    assert values == list(range(CALLS))
     assert sorted(runs) == list(range(CALLS))
     assert store.server_facts is not None
     assert 1 <= read <= 6, f"{CALLS} concurrent first calls sent {read} INFO commands"
@@ -91,26 +98,10 @@ def test_a_first_read_that_fails_lets_a_waiting_call_read_them(redis_server: Emb
     held = Fault(is_command("INFO"), Action.DELAY, times=1, delay=math.inf)
     with ChaosProxy(redis_server.socket_path, [held]) as proxy:
         store = RedisEffectStore(proxy.url, namespace=f"facts-{secrets.token_hex(4)}", socket_timeout=0.5)
-        runs: list[int] = []
-
-        async def charge(n: int) -> int:
-            runs.append(n)
-            return n
-
-        tool = EffectGuard(store).wrap(charge)
-
-        async def one(n: int) -> int:
-            with tool_call_context(f"first-{n}"):
-                return await tool(n)
-
-        async def burst() -> list[int]:
-            values = await asyncio.gather(*(one(n) for n in range(20)))
-            await store.aclose()
-            return values
-
         before = info_calls(admin)
-        assert asyncio.run(burst()) == list(range(20))
+        values, runs = burst_of_first_calls(store, 20)
         proxy.release_held()
+    assert values == list(range(20))
     assert held.applied == 1
     assert sorted(runs) == list(range(20))
     assert store.server_facts is not None, "no waiting call read the facts after the first read failed"

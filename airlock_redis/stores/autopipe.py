@@ -79,9 +79,7 @@ class AutoPipeline:
         if not self._sending and not self._queue:
             self._sending += 1
             try:
-                if self._wire is None:
-                    return await self._client.execute_command(*args)
-                (reply,) = await self._wire.send([args])
+                (reply,) = await self._round_trip([args])
             finally:
                 self._sending -= 1
                 self._start_sender()
@@ -125,15 +123,7 @@ class AutoPipeline:
         if not batch:
             return
         try:
-            if self._wire is not None:
-                replies = await self._wire.send([args for args, _ in batch])
-            elif len(batch) == 1:
-                replies = [await _reply_or_error(self._client, batch[0][0])]
-            else:
-                pipe = self._client.pipeline(transaction=False)
-                for args, _ in batch:
-                    pipe.execute_command(*args)
-                replies = await pipe.execute(raise_on_error=False)
+            replies = await self._round_trip([args for args, _ in batch])
             if len(replies) != len(batch):  # never seen; no reply may go to the wrong caller
                 raise redis.ConnectionError(
                     f"the pipeline answered {len(replies)} replies for {len(batch)} commands"
@@ -150,17 +140,25 @@ class AutoPipeline:
         for (_, waiting), reply in zip(batch, replies, strict=True):
             _settle(waiting, reply, reply if isinstance(reply, Exception) else None)
 
+    async def _round_trip(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """The replies to ``commands`` in one round trip, each error reply in its command's place:
+        written by :mod:`.exchange`, or through redis-py (one command alone, several as a pipeline)."""
+        if self._wire is not None:
+            return await self._wire.send(commands)
+        if len(commands) == 1:
+            try:
+                return [await self._client.execute_command(*commands[0])]
+            except redis.ResponseError as exc:  # an error reply: this command's own
+                return [exc]
+        pipe = self._client.pipeline(transaction=False)
+        for args in commands:
+            pipe.execute_command(*args)
+        return list(await pipe.execute(raise_on_error=False))
+
     def _fail_queued(self) -> None:
         queued, self._queue = self._queue, []
         for _, waiting in queued:
             _settle(waiting, None, NotSent("the auto-pipeline stopped before the command was sent"))
-
-
-async def _reply_or_error(client: Any, args: tuple[Any, ...]) -> Any:
-    try:
-        return await client.execute_command(*args)
-    except redis.ResponseError as exc:  # an error reply: this command's own
-        return exc
 
 
 def _settle(waiting: asyncio.Future[Any], reply: Any, error: BaseException | None) -> None:

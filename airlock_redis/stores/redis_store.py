@@ -121,7 +121,7 @@ class RedisEffectStore:
 
     Every command goes through redis-py's public API: ``execute_command`` and pipelines, and, for the
     auto-pipelined commands of the asyncio client the store builds from ``url``, the connections'
-    own ``pack_commands``/``send_packed_command``/``read_response`` (see :mod:`.exchange`). Clients the
+    own ``send_packed_command``/``read_response`` (see :mod:`.exchange`). Clients the
     store builds from ``url`` make one try per command and the store re-sends, seeing every try (see
     :mod:`.tries`); a client passed in keeps its own retry policy.
     """

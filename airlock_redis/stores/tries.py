@@ -69,8 +69,14 @@ class Tries:
         if not isinstance(exc, RETRYABLE) or self._failures >= self._retries:
             return None
         self._failures += 1
-        base, cap = RETRY_BACKOFF
-        return random.uniform(0, min(cap, base * 2**self._failures))
+        return backoff(self._failures, RETRY_BACKOFF)
+
+
+def backoff(failures: int, base_and_cap: tuple[float, float]) -> float:
+    """The pause before the next try after ``failures`` failed ones: exponential from ``base``, at
+    most ``cap`` seconds, with full jitter."""
+    base, cap = base_and_cap
+    return random.uniform(0, min(cap, base * 2 ** min(failures, 16)))
 
 
 def makes_one_try(client: Any) -> bool:

@@ -59,7 +59,6 @@ import asyncio
 import atexit
 import logging
 import os
-import random
 import threading
 import time
 import weakref
@@ -84,7 +83,7 @@ from ..core.stepping import Plan, adrive, drive
 from .redis_io import REDIS_FAILURES, Command, Op, Pause, Read, Waited
 from .replies import parse_transition
 from .script_args import ScriptCommand
-from .tries import RETRYABLE, Tries
+from .tries import RETRYABLE, Tries, backoff
 
 log = logging.getLogger("airlock_redis")
 
@@ -552,8 +551,7 @@ def _resend_after(
         return pause
     if time.monotonic() >= window:
         return None
-    base, cap = RETRY_BACKOFF
-    return random.uniform(0, min(cap, base * 2 ** min(rounds, 16)))
+    return backoff(rounds, RETRY_BACKOFF)
 
 
 def _landed(write: Write, reply: Any, landing: _Landing) -> None:
