@@ -14,7 +14,9 @@ of an auto-pipelined call (see docs/performance.md). Here:
 - **one deadline per exchange**: the client's socket timeout bounds the write and every reply of the
   exchange together (while the exchange holds its connection, the connection's own per-step timeouts
   are off; they are put back before the connection goes anywhere else). An exchange that runs past
-  it fails with :class:`redis.TimeoutError`, as one command would: it may have landed.
+  it fails with :class:`redis.TimeoutError`, as one command would: it may have landed. The deadlines
+  of a loop's exchanges share one timer (:mod:`.deadlines`): an ``asyncio.timeout`` per exchange was
+  about a tenth of a lone call's round trip.
 - **kept connections**: up to ``keep`` connections stay with the exchange between sends instead of
   going back to the pool, each checked by the pool's own ``ensure_connection`` before it is used
   again (a connection the server closed meanwhile is reconnected before anything is written on it).
@@ -46,6 +48,9 @@ import redis
 import redis.asyncio as aredis
 from redis.asyncio.cluster import RedisCluster
 
+from .deadlines import SUPPORTED as KEEPS_DEADLINES
+from .deadlines import Deadlines
+
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
 else:  # pragma: no cover - redis-py requires async-timeout on Python 3.10
@@ -65,7 +70,7 @@ KEEP_ONLY_WITH = 16
 class Exchange:
     """Sends commands on connections of ``client``'s pool, keeping up to ``keep`` between sends."""
 
-    __slots__ = ("_callbacks", "_follows_primary", "_idle", "_keep", "_pack", "_pool")
+    __slots__ = ("_callbacks", "_deadlines", "_follows_primary", "_idle", "_keep", "_pack", "_pool")
 
     def __init__(self, client: aredis.Redis, *, keep: int) -> None:
         self._pool: Any = client.connection_pool
@@ -73,6 +78,7 @@ class Exchange:
         room = getattr(self._pool, "max_connections", 0) or 0
         self._keep = keep if room >= KEEP_ONLY_WITH else 0
         self._idle: list[Any] = []
+        self._deadlines: Deadlines | None = None  # made on the first send, on the loop it runs on
         # a Sentinel pool of the primary: a READONLY answer means a failover (see the module docstring)
         self._follows_primary = getattr(self._pool, "is_master", False) is True
         # the store's commands (bytes, str, int arguments) packed here; anything else by redis-py
@@ -91,10 +97,22 @@ class Exchange:
         keep = False
         try:
             connection.socket_timeout = None  # one deadline for the exchange, below
-            async with deadline(limit):
-                packed = self._pack(commands) or connection.pack_commands(commands)
-                await connection.send_packed_command(packed, check_health=False)
-                replies = [await self._reply(connection, args[0]) for args in commands]
+            if limit is None or not KEEPS_DEADLINES:
+                async with deadline(limit):
+                    replies = await self._exchange(connection, commands)
+            else:
+                deadlines = self._deadlines
+                if deadlines is None:
+                    deadlines = self._deadlines = Deadlines(asyncio.get_running_loop())
+                running = deadlines.start(limit)
+                try:
+                    replies = await self._exchange(connection, commands)
+                except asyncio.CancelledError:
+                    if deadlines.expired(running):
+                        raise TimeoutError from None  # the deadline's, as asyncio.timeout raises it
+                    raise
+                finally:
+                    deadlines.stop(running)
             if self._follows_primary and any(map(_from_a_replica, replies)):
                 await self._primary_moved(connection)
                 return [_as_refused(reply) for reply in replies]
@@ -113,6 +131,11 @@ class Exchange:
                 self._idle.append(connection)
             else:
                 await self._pool.release(connection)
+
+    async def _exchange(self, connection: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
+        packed = self._pack(commands) or connection.pack_commands(commands)
+        await connection.send_packed_command(packed, check_health=False)
+        return [await self._reply(connection, args[0]) for args in commands]
 
     async def _primary_moved(self, connection: Any) -> None:
         """The connection reaches a demoted primary: close it, and let the pool ask Sentinel again."""
