@@ -20,7 +20,7 @@
 -- (see `liveness`). Every other record (and a pending one without a lease) is written in layout "a",
 -- so a release that reads only "a" refuses a leased pending record as newer and reads everything else. Only string.find and string.sub read it: no
 -- cmsgpack, struct or bit, which fakeredis' Lua lacks. `parse` is the one reader and `write` the one
--- writer; `commit_in_place` is the commit's shortcut for the common case (see there).
+-- writer (commit.lua's shortcut for its common case writes what `write` would).
 --
 -- Versions: every layout begins with its version letter, then a lowercase letter (here the status),
 -- then lowercase letters, digits and commas up to the first ';' (OTHER_VERSION). A string of that
@@ -204,36 +204,6 @@ local function write(record, r, ttl, px)
     r.stored or '0', ',', lease, #owner, ',', #key, ',', #tool, ',', #mac, ',', #released, ';',
     owner, key, tool, mac, released, value_of(r),
   }), px or ttl)
-end
-
--- The commit's shortcut: a pending record with no MAC, no released list and no value (what a begin
--- writes on a key that held nothing), owned by `token`, is rewritten committed without being parsed
--- into a table: byte for byte what `write` makes of it (test_layout checks it against layout.pack).
--- Returns false, writing nothing, for any other string: the caller parses it and decides as for any
--- record. What it buys: about 14 us of server time per commit against 17-20 us through parse and
--- write (Redis 7.0.15, EVALSHA, commandstats, medians of 8 alternating rounds of 10,000 commits, two
--- runs; docs/performance.md).
--- A pending record under a lease (layout b) is rewritten the same way: the committed record is
--- layout a, without the lease.
-local PLAIN_PENDING = '^' .. VERSION .. 'p,(%d+),(%d*),,0,(%d+),(%d+),(%d+),0,0;'
-local PLAIN_LEASED = '^bp,(%d+),(%d*),,0,%d+,%d+,0,(%d+),(%d+),(%d+),0,0;'
-local function commit_in_place(record, raw, token, stored, value, mac, now, ttl)
-  local _, stop, attempt, begun, lo, lk, lt = string.find(raw, PLAIN_PENDING)
-  if not stop then
-    _, stop, attempt, begun, lo, lk, lt = string.find(raw, PLAIN_LEASED)
-  end
-  if not stop or #attempt > 9 or #begun > 15 or #lo > 9 or #lk > 9 or #lt > 9 then
-    return false
-  end
-  local owner_end = stop + tonumber(lo)
-  if #raw ~= owner_end + tonumber(lk) + tonumber(lt) or string.sub(raw, stop + 1, owner_end) ~= token then
-    return false
-  end
-  set_px(record, table.concat({
-    VERSION, 'c,', attempt, ',', begun, ',', now, ',', stored, ',', lo, ',', lk, ',', lt, ',', #mac, ',0;',
-    string.sub(raw, stop + 1), mac, value,
-  }), ttl)
-  return true
 end
 
 -- Wake the calls that wait for the running attempt of `r`, the record as it was before this
