@@ -26,6 +26,7 @@ from airlock_redis.operator import list_records, read_record
 from airlock_redis.stores import layout
 from airlock_redis.stores.acl import required_commands
 from airlock_redis.stores.layout import KEY_HEX, TOKEN_HEX, StoredRecord, pack, pack_id, parse, unpack_id
+from airlock_redis.stores.script_args import REMEMBERED_FIRSTS
 from airlock_redis.stores.scripts import script_source
 
 TOOL = "charge"
@@ -96,6 +97,28 @@ def test_the_first_pending_record_packs_as_pack_would(owner: bytes, key: bytes, 
     assert parse(layout.pack_pending(owner, key, tool, ms)) == record
 
 
+@given(small, small, small, st.integers(0, 10**15 - 1), st.integers(0, 10**15 - 1), st.booleans(), small)
+def test_the_first_committed_record_packs_as_pack_would(  # noqa: PLR0917
+    owner: bytes, key: bytes, tool: bytes, begun: int, committed: int, stored: bool, mac: bytes
+) -> None:
+    """pack_committed_head, the commit's one-step builder, followed by the value, writes what pack
+    writes for the committed record of the first attempt."""
+    value = b"v\x00;" * 7 if stored else b""
+    record = StoredRecord(
+        "committed",
+        attempt=1,
+        begun_ms=begun,
+        committed_ms=committed,
+        stored=stored,
+        owner=owner,
+        key=key,
+        tool=tool,
+        mac=mac,
+        value=value,
+    )
+    assert layout.pack_committed_head(owner, key, tool, begun, committed, stored, mac) + value == pack(record)
+
+
 def test_a_guard_record_is_small() -> None:
     record = StoredRecord(
         "committed",
@@ -141,9 +164,13 @@ def rstore(redis_server: EmbeddedRedis, namespace: str) -> Iterator[RedisEffectS
 
 
 def _raw(store: RedisEffectStore, tool_call_id: str) -> StoredRecord:
+    return parse(_bytes_at(store, tool_call_id))
+
+
+def _bytes_at(store: RedisEffectStore, tool_call_id: str) -> bytes:
     data = store.client.get(store.key(tool_call_id))
     assert isinstance(data, bytes)
-    return parse(data)
+    return data
 
 
 def _request(tool_call_id: str, token: str | None = None, reversible: bool = False) -> BeginRequest:
@@ -480,6 +507,88 @@ def test_a_commit_writes_what_python_packs_in_place_or_not(
     client.set(key, pack(pending))
     assert client.eval(script_source("commit"), 1, key, *other) == b"superseded"
     assert client.get(key) == pack(pending)
+
+
+@pytest.mark.parametrize("lease_ms", [None, 60_000])
+@pytest.mark.parametrize("value, mac", [(b"", b""), (b"\x00v" * 50, b"m" * 32), (None, None)])
+def test_a_commit_after_a_plain_begin_writes_what_the_scripts_writer_writes(
+    rstore: RedisEffectStore, lease_ms: int | None, value: bytes | None, mac: bytes | None
+) -> None:
+    """The commit of an attempt whose begin was a plain SET NX sends the bytes that begin wrote and
+    the committed record made of them (lua/commit.lua's common case): what it writes is the record
+    the script's own writer writes for the same commit (sent without them), byte for byte but for
+    the time of the commit, and what layout.pack makes of it."""
+    client = rstore.client
+    rstore.begin(BeginRequest("proof", KEY, TOOL, secrets.token_hex(16), False))  # proves scripts run
+    written: dict[str, bytes] = {}
+    for how in ("common case", "general path"):
+        request = BeginRequest(
+            f"cas-{how}-{secrets.token_hex(3)}", KEY, TOOL, secrets.token_hex(16), False, lease_ms
+        )
+        assert rstore.begin(request).kind is BeginKind.STARTED
+        args = rstore._args.commit(request, 1, value, mac)
+        assert len(args) == 11  # the begin was a plain SET NX: its bytes travel with the commit
+        if how == "general path":
+            args = args[:9]  # as an earlier release sends it, or after a begin that ran the script
+        assert client.eval(script_source("commit"), 1, rstore.key(request.tool_call_id), *args) == b"ok"
+        written[how] = _bytes_at(rstore, request.tool_call_id)
+    common, general = parse(written["common case"]), parse(written["general path"])
+    assert common.status == "committed" and common.lease_ms is None and common.value == (value or b"")
+    assert (common.stored, common.mac) == (value is not None, mac or b"")
+    same_times = dataclasses.replace(common, begun_ms=0, committed_ms=0, owner=b"")
+    assert same_times == dataclasses.replace(general, begun_ms=0, committed_ms=0, owner=b"")
+    assert pack(common) == written["common case"]
+
+
+def test_the_commits_common_case_writes_only_over_the_exact_bytes_its_begin_wrote(
+    rstore: RedisEffectStore,
+) -> None:
+    """lua/commit.lua writes the client's committed record (ARGV[11] and the value) only where the key
+    holds exactly ARGV[10]; a record that differs in one byte (a waiter's flag, an operator's or
+    another attempt's write) goes through the general path, which reads it."""
+    client = rstore.client
+    token = layout.pack_token(secrets.token_hex(16))
+    pending = layout.pack_pending(
+        token, layout.pack_key(KEY), TOOL.encode(), 1_700_000_000_000, 60_000, 60_000
+    )
+    marker = layout.pack_committed_head(token, layout.pack_key(KEY), TOOL.encode(), 1, 2, True, b"")
+    args = (token, "1", b"value", b"", 60_000, 1_700_000_000_123, layout.pack_key(KEY), TOOL, 1)
+    key = rstore.key(f"cas-{secrets.token_hex(4)}")
+    client.set(key, pending)
+    assert client.eval(script_source("commit"), 1, key, *args, pending, marker) == b"ok"
+    assert client.get(key) == marker + b"value"  # written unread: begun 1, committed 2, as sent
+    waited = pending.replace(b",60000,60000,0,", b",60000,60000,1,")  # a call waits for this attempt
+    assert waited != pending
+    client.set(key, waited)
+    assert client.eval(script_source("commit"), 1, key, *args, pending, marker) == b"ok"
+    committed = parse(client.get(key))  # type: ignore[arg-type]
+    assert (committed.begun_ms, committed.committed_ms) == (1_700_000_000_000, 1_700_000_000_123)
+    other = layout.pack_pending(b"x" * 16, layout.pack_key(KEY), TOOL.encode(), 1_700_000_000_000)
+    client.set(key, other)
+    assert client.eval(script_source("commit"), 1, key, *args, pending, marker) == b"superseded"
+    assert client.get(key) == other
+
+
+def test_the_first_records_kept_for_commits_are_bounded_and_let_go(rstore: RedisEffectStore) -> None:
+    """What a plain begin wrote is kept for its commit only: dropped at the commit or the settle, and
+    never more than REMEMBERED_FIRSTS at once (the oldest go: their commits take the general path)."""
+    args = rstore._args
+    requests = [BeginRequest(f"kept-{i}", KEY, TOOL, secrets.token_hex(16), False) for i in range(3)]
+    for request in requests:
+        args.first_record(request)
+    assert len(args.commit(requests[0], 1, b"v", None)) == 11
+    assert len(args.commit(requests[0], 1, b"v", None)) == 9  # its commit took it
+    args.settle(requests[1], 1, Settlement.RELEASE)
+    assert len(args.commit(requests[1], 1, b"v", None)) == 9  # its settle let it go
+    assert len(args.commit(requests[2], 2, b"v", None)) == 9  # another attempt than the first
+    many = [
+        BeginRequest(f"many-{i}", KEY, TOOL, secrets.token_hex(16), False)
+        for i in range(REMEMBERED_FIRSTS + 5)
+    ]
+    for request in many:
+        args.first_record(request)
+    assert len(args._firsts) == REMEMBERED_FIRSTS
+    assert len(args.commit(many[0], 1, b"v", None)) == 9 and len(args.commit(many[-1], 1, b"v", None)) == 11
 
 
 def test_binary_fields_round_trip_through_the_store(rstore: RedisEffectStore) -> None:

@@ -73,6 +73,7 @@ _ENTRY = re.compile(rb"([0-9]+):")
 # the first pending record (pack_pending): header and fields, in one formatting step
 _PENDING = VERSION + _CODES["pending"] + b",1,%d,,0,%d,%d,%d,0,0;%s%s%s"
 _LEASED_PENDING = LEASED_VERSION + _CODES["pending"] + b",1,%d,,0,%d,%d,0,%d,%d,%d,0,0;%s%s%s"
+_COMMITTED_FIRST = VERSION + _CODES["committed"] + b",1,%d,%d,%s,%d,%d,%d,%d,0;%s%s%s%s"
 
 
 class LayoutError(ValueError):
@@ -204,6 +205,28 @@ def pack_pending(  # noqa: PLR0917 - built on every call: positional is the chea
     if lease_ms is None:
         return _PENDING % (begun_ms, len(owner), len(key), len(tool), owner, key, tool)
     return _LEASED_PENDING % (begun_ms, lease_ms, ttl_ms, len(owner), len(key), len(tool), owner, key, tool)
+
+
+def pack_committed_head(  # noqa: PLR0917 - built on every call, as pack_pending
+    owner: bytes, key: bytes, tool: bytes, begun_ms: int, committed_ms: int, stored: bool, mac: bytes
+) -> bytes:
+    """``pack`` of the first attempt's committed record without its value (the value follows it): what
+    lua/commit.lua writes over the pending record :func:`pack_pending` made of the same fields (no
+    lease: a committed record is layout a). One formatting step, as :func:`pack_pending`;
+    test_layout checks it against :func:`pack` and against the script's own writer."""
+    return _COMMITTED_FIRST % (
+        begun_ms,
+        committed_ms,
+        b"1" if stored else b"0",
+        len(owner),
+        len(key),
+        len(tool),
+        len(mac),
+        owner,
+        key,
+        tool,
+        mac,
+    )
 
 
 def _released(data: bytes) -> tuple[bytes, ...]:

@@ -454,29 +454,25 @@ class RedisEffectStore:
         ran, result not stored) and ``mac``. The contract: :meth:`airlock_redis.EffectStore.commit`.
 
         With ``write_behind``: queued, and OK at once (see :mod:`.write_behind`)."""
-        if self._behind is not None:
-            args = self._args.commit(request, attempt, value, mac)
-            if self._behind.put(*self._behind_write(request, "commit", args), self._tries()):
-                return TransitionResult.OK
-        return parse_transition(
-            drive(self._committing(request, attempt, value, mac, self._tries()), self._io)
-        )
+        args = self._args.commit(request, attempt, value, mac)
+        if self._behind is not None and self._behind.put(
+            *self._behind_write(request, "commit", args), self._tries()
+        ):
+            return TransitionResult.OK
+        return parse_transition(drive(self._committing(request, args, self._tries()), self._io))
 
     async def acommit(
         self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None
     ) -> TransitionResult:
         """Coroutine form of :meth:`commit`."""
-        if self._behind is not None:
-            args = self._args.commit(request, attempt, value, mac)
-            if self._behind.aput(*self._behind_write(request, "commit", args), self._async_tries()):
-                return TransitionResult.OK
-        plan = self._committing(request, attempt, value, mac, self._async_tries())
-        return parse_transition(await adrive(plan, self._aio))
-
-    def _committing(
-        self, request: BeginRequest, attempt: int, value: bytes | None, mac: bytes | None, tries: Tries
-    ) -> Plan[Any]:
         args = self._args.commit(request, attempt, value, mac)
+        if self._behind is not None and self._behind.aput(
+            *self._behind_write(request, "commit", args), self._async_tries()
+        ):
+            return TransitionResult.OK
+        return parse_transition(await adrive(self._committing(request, args, self._async_tries()), self._aio))
+
+    def _committing(self, request: BeginRequest, args: list[Any], tries: Tries) -> Plan[Any]:
         return self._script("commit", request.tool_call_id, args, False, tries)
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> TransitionResult:

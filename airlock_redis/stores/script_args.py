@@ -7,15 +7,16 @@ Owner tokens and idempotency keys travel packed (:func:`.layout.pack_id`); TTLs 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import secrets
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..core.records import BeginRequest, Settlement, Status
 from .base import check_verdict
-from .layout import pack_key, pack_pending, pack_token
+from .layout import pack_committed_head, pack_key, pack_pending, pack_token
 from .scripts import SCRIPT_NAMES, script_bytes, script_source
 from .server_facts import DEFAULT_MAX_BULK
 from .ttl import TOMBSTONE_TTL, StatusTTLs
@@ -23,6 +24,10 @@ from .ttl import TOMBSTONE_TTL, StatusTTLs
 log = logging.getLogger("airlock_redis")
 
 TOMBSTONE_MS = round(TOMBSTONE_TTL * 1000)
+# At most this many first records are remembered for their commits (see ScriptArgs.first_record): a
+# call whose entry was dropped (more calls than this under way at once) commits through the script's
+# general path, as before.
+REMEMBERED_FIRSTS = 8192
 SHAS = {name: hashlib.sha1(script_source(name).encode("utf-8")).hexdigest() for name in SCRIPT_NAMES}
 
 
@@ -39,7 +44,7 @@ def tool_bytes(tool: str) -> bytes:
 class ScriptArgs:
     """Each script's arguments for one store (its TTLs, and the largest value its server takes)."""
 
-    __slots__ = ("committed_ms", "max_value_bytes", "pending", "pending_ms", "ttls", "unknown_ms")
+    __slots__ = ("_firsts", "committed_ms", "max_value_bytes", "pending", "pending_ms", "ttls", "unknown_ms")
 
     def __init__(self, ttls: StatusTTLs) -> None:
         self.ttls = ttls
@@ -49,12 +54,28 @@ class ScriptArgs:
         self.unknown_ms = str(ttls.millis(Status.UNKNOWN)).encode()
         # proto-max-bulk-len of the primaries, once read (a larger value is committed without it)
         self.max_value_bytes = DEFAULT_MAX_BULK
+        # owner token -> what a begin's SET NX wrote for it, until its commit or settle: see first_record
+        self._firsts: dict[str, _First] = {}
 
     def first_record(self, request: BeginRequest) -> bytes:
         """The pending record lua/begin.lua writes for attempt 1 where the key holds nothing, so
-        that a begin can write it with a plain ``SET NX PX`` (no script, the common case)."""
-        owner, key = pack_token(request.token), pack_key(request.idempotency_key)
-        return pack_pending(owner, key, tool_bytes(request.tool), now_ms(), request.lease_ms, self.pending)
+        that a begin can write it with a plain ``SET NX PX`` (no script, the common case). Its
+        bytes are remembered for the attempt's commit, which sends them with the committed record
+        made of them (see :meth:`commit`); a begin that did not land leaves an entry no record
+        matches, dropped at the attempt's commit or settle or when there are too many."""
+        owner, key, tool = (
+            pack_token(request.token),
+            pack_key(request.idempotency_key),
+            tool_bytes(request.tool),
+        )
+        begun = now_ms()
+        record = pack_pending(owner, key, tool, begun, request.lease_ms, self.pending)
+        firsts = self._firsts
+        firsts[request.token] = _First(record, owner, key, tool, begun)
+        if len(firsts) > REMEMBERED_FIRSTS:
+            with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's change
+                del firsts[next(iter(firsts))]
+        return record
 
     def begin(self, request: BeginRequest) -> list[Any]:
         lease = request.lease_ms
@@ -88,19 +109,31 @@ class ScriptArgs:
             )
             value, mac = None, None
         stored, data = (b"0", b"") if value is None else (b"1", value)
-        return [
+        mac = mac or b""
+        now = now_ms()
+        args: list[Any] = [
             pack_token(request.token),
             stored,
             data,
-            mac or b"",
+            mac,
             self.committed_ms,
-            now_ms(),
+            now,
             pack_key(request.idempotency_key),
             tool_bytes(request.tool),
             attempt,
         ]
+        first = self._firsts.pop(request.token, None)
+        if first is not None and attempt == 1:
+            # what the begin wrote, and the committed record over it but for the value: when the key
+            # still holds exactly those bytes, the script writes these without reading the record
+            head = pack_committed_head(
+                first.owner, first.key, first.tool, first.begun, now, value is not None, mac
+            )
+            args += [first.record, head]
+        return args
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> list[Any]:
+        self._firsts.pop(request.token, None)
         return [
             pack_token(request.token),
             settlement.value,
@@ -165,3 +198,13 @@ class ScriptCommand:
 
     def with_source(self) -> tuple[Any, ...]:
         return ("EVAL", script_bytes(self._name), *self._args)
+
+
+class _First(NamedTuple):
+    """What a begin's ``SET NX`` wrote (``record``), and the fields the commit's record is made of."""
+
+    record: bytes
+    owner: bytes
+    key: bytes
+    tool: bytes
+    begun: int
