@@ -328,8 +328,12 @@ class AsyncExecutor(_Executor):
 
     async def _write(self, machine: CallMachine, op: Write, invoke: object, approver: object) -> Operation:
         t_sent = self.report.clock()
+        result: TransitionResult | StoreError
         try:
-            result: TransitionResult | StoreError = await _to_completion(lambda: self._send(op))
+            result = await self._send(op)
+        except asyncio.CancelledError:  # in flight, it may or may not have landed: sent again to the end
+            await _shielded(lambda: self._send(op))
+            raise
         except Exception as exc:  # whatever the store raised: the tool has run (or will not)
             result = as_store_error(exc)
         self.report.ended(machine, op, result, machine.t_run, t_sent)
@@ -447,14 +451,3 @@ async def _to_the_end(send: Callable[[], Awaitable[Any]]) -> None:
         "airlock_redis: a store write that had to finish was cancelled %d times; giving up on it",
         _RESENDS_AFTER_CANCEL + 1,
     )
-
-
-async def _to_completion(send: Callable[[], Awaitable[TransitionResult]]) -> TransitionResult:
-    """Await a commit or settle. Cancelled while it was in flight, it may or may not have landed: send
-    it again to the end (see :func:`_shielded`) before the cancellation goes on. The common path
-    spawns no task."""
-    try:
-        return await send()
-    except asyncio.CancelledError:
-        await _shielded(send)
-        raise

@@ -78,8 +78,9 @@ class AutoPipeline:
         """The reply to ``args`` (an error reply raised), sent alone or in a batch."""
         if not self._sending and not self._queue:
             self._sending += 1
+            wire = self._wire
             try:
-                (reply,) = await self._round_trip([args])
+                (reply,) = await (self._round_trip([args]) if wire is None else wire.send([args]))
             finally:
                 self._sending -= 1
                 self._start_sender()

@@ -135,23 +135,24 @@ class AsyncIO:
         self.nodes = NodeClients()
 
     async def __call__(self, op: Op) -> Any:
-        if type(op) is Command:
-            return await self._send(op.args)
+        if type(op) is Command:  # the command sent here, not in a coroutine of its own: every command
+            args = op.args
+            try:
+                if self._command is not None:
+                    return await self._command(args)
+                return await self._client().execute_command(*args)
+            except ClusterError as exc:
+                return await self._follow(args, exc)
         if type(op) is Read:
             return await self._read(op.key)
         return await _ASYNC[type(op)](self._client(), op)
 
-    async def _send(self, args: tuple[Any, ...]) -> Any:
-        try:
-            if self._command is not None:
-                return await self._command(args)
-            return await self._client().execute_command(*args)
-        except ClusterError as exc:
-            client = self._client()
-            key = key_of(args)
-            if key is None or not gave_up_on_ask(client, exc):
-                raise
-            (reply,) = await afollow(client, self.nodes, key, [args])
+    async def _follow(self, args: tuple[Any, ...], exc: ClusterError) -> Any:
+        client = self._client()
+        key = key_of(args)
+        if key is None or not gave_up_on_ask(client, exc):
+            raise exc
+        (reply,) = await afollow(client, self.nodes, key, [args])
         if isinstance(reply, Exception):  # the command's own error reply (NOSCRIPT, say)
             raise reply
         return reply
@@ -182,12 +183,39 @@ def tried(
     while True:
         try:
             return (yield from attempt())
-        except REDIS_FAILURES as exc:
-            pause = tries.failed(exc)
-            if pause is None:
-                raise failure(exc, tries.maybe_sent) from exc
-        except StoreError:
-            raise
-        except Exception as exc:  # redis-py failed in a way it does not wrap (a bug of its own)
-            raise unexpected(exc) from exc
+        except Exception as exc:
+            pause = _pause_after(exc, tries, failure, unexpected)
         yield Pause(pause)
+
+
+def tried_op(
+    op: Op,
+    tries: Tries,
+    failure: Callable[[BaseException, bool], StoreError],
+    unexpected: Callable[[Exception], StoreError],
+) -> Generator[Any, Any, Any]:
+    """:func:`tried` of an attempt that is the one operation ``op`` (every command of the store but
+    the scripts, which answer NOSCRIPT): one generator less on every command."""
+    while True:
+        try:
+            return (yield op)
+        except Exception as exc:
+            pause = _pause_after(exc, tries, failure, unexpected)
+        yield Pause(pause)
+
+
+def _pause_after(
+    exc: Exception,
+    tries: Tries,
+    failure: Callable[[BaseException, bool], StoreError],
+    unexpected: Callable[[Exception], StoreError],
+) -> float:
+    """The pause before the next try after a try failed with ``exc``; raises when there is none."""
+    if isinstance(exc, StoreError):
+        raise exc
+    if not isinstance(exc, REDIS_FAILURES):  # redis-py failed in a way it does not wrap (a bug of its own)
+        raise unexpected(exc) from exc
+    pause = tries.failed(exc)
+    if pause is None:
+        raise failure(exc, tries.maybe_sent) from exc
+    return pause

@@ -58,6 +58,7 @@ from .redis_io import (
     blocking_io,
     one,
     tried,
+    tried_op,
 )
 from .renewals import renew_all
 from .replies import parse_begin, parse_record, parse_transition
@@ -291,7 +292,7 @@ class RedisEffectStore:
 
     def _command(self, args: tuple[Any, ...], tries: Tries) -> Plan[Any]:
         """One command through the client (raw reply), with the store's tries."""
-        return self._tried(lambda: one(Command(args)), tries)
+        return tried_op(Command(args), tries, _failure, _unexpected)
 
     def _script(
         self, name: str, tool_call_id: str, args: list[Any], with_source: bool, tries: Tries
