@@ -7,7 +7,14 @@ import pytest
 import redis
 
 from airlock_redis.embedded import EmbeddedRedis
-from airlock_redis.stores.scripts import SCRIPT_NAMES, compact, helpers_for, script_source
+from airlock_redis.stores.scripts import (
+    HELPERS_HERE,
+    SCRIPT_NAMES,
+    assemble,
+    compact,
+    helpers_for,
+    script_source,
+)
 
 
 def test_comments_go_and_strings_that_hold_dashes_or_quotes_stay() -> None:
@@ -41,6 +48,22 @@ def test_only_the_helpers_a_script_uses_are_sent_with_it() -> None:
     assert helpers_for(common, "return 3\n") == ""
     with pytest.raises(ValueError):
         helpers_for("x = 1\nlocal A = 1\n", "return A\n")
+
+
+def test_a_block_before_the_marker_runs_before_the_helpers_and_may_not_use_them() -> None:
+    common = "local A = 1\nlocal function f()\n  return A\nend\n"
+    text = f"-- the header\nif ARGV[1] then\n  return 0\nend\n{HELPERS_HERE}\nreturn f()\n"
+    assert assemble("s", text, common) == (
+        "if ARGV[1] then\nreturn 0\nend\nlocal A = 1\nlocal function f()\nreturn A\nend\nreturn f()\n"
+    )
+    assert assemble("s", "return f()\n", common).startswith("local A = 1\n")  # no marker: helpers first
+    with pytest.raises(ValueError, match=r"s.lua uses shared helpers before they are defined: \['f'\]"):
+        assemble("s", f"if f() then\n  return 0\nend\n{HELPERS_HERE}\nreturn 1\n", common)
+
+
+def test_the_commits_common_case_runs_before_the_helpers() -> None:
+    source = script_source("commit")
+    assert source.index("redis.call('GET', KEYS[1]) == ARGV[10]") < source.index("local function parse")
 
 
 @pytest.mark.parametrize("name", SCRIPT_NAMES)

@@ -39,14 +39,20 @@ def script_source(name: str) -> str:
         raise KeyError(name)
     folder = _lua_folder()
     text = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    return assemble(name, text, (folder / f"{COMMON}.lua").read_text(encoding="utf-8"))
+
+
+def assemble(name: str, text: str, common: str) -> str:
+    """Script ``name`` as the server runs it, from its source ``text`` and the shared helpers'
+    ``common``: the helpers it uses placed at :data:`HELPERS_HERE` (or first), all compacted. A
+    script that uses a helper before that line is refused (``ValueError``): it would read an
+    undefined global there, which Redis refuses only when the line runs."""
     first, _, rest = text.rpartition("\n" + HELPERS_HERE + "\n")
     first, body = compact(first), compact(rest)
-    common = (folder / f"{COMMON}.lua").read_text(encoding="utf-8")
-    helpers = helpers_for(common, body)
-    early = set(_WORD.findall(first)) & set(m.group(1) for m in _DEFINITION.finditer(common))
+    early = set(_WORD.findall(first)) & {m.group(1) for m in _DEFINITION.finditer(common)}
     if early:
         raise ValueError(f"{name}.lua uses shared helpers before they are defined: {sorted(early)}")
-    return (first if first.strip() else "") + helpers + body
+    return (first if first.strip() else "") + helpers_for(common, body) + body
 
 
 _DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_]\w*)", re.MULTILINE)
