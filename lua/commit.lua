@@ -25,9 +25,9 @@
 -- against layout.pack). Anything else goes on to the script below, which decides as for any record:
 -- other bytes, a client that sent only ARGV[1..9] (an earlier release, or a begin that ran this
 -- script), a TTL that ttl_arg below refuses, a SET refused here (OOM: set_px handles it).
--- What it buys (Redis 7.0.15, EVALSHA, commandstats, medians of 5 rounds of 8,000 commits, same run):
--- about 6 us of server time per commit, against 12-13 us through a pattern match of the record and
--- 18-20 us with the helpers made first.
+-- What it buys (Redis 7.0.15, EVALSHA, commandstats, medians of 5 rounds of 6,000-8,000 commits back
+-- to back, two runs): 6-11 us of server time per commit, against 11-14 us through a pattern match of
+-- the record and 18-24 us through the one parse and write (docs/performance.md).
 do
   local ttl = tonumber(ARGV[5])
   if #ARGV >= 11 and ARGV[10] ~= '' and ttl and ttl >= 1 and ttl <= 315360000000 and ttl % 1 == 0
