@@ -78,9 +78,8 @@ class AutoPipeline:
         """The reply to ``args`` (an error reply raised), sent alone or in a batch."""
         if not self._sending and not self._queue:
             self._sending += 1
-            wire = self._wire
             try:
-                (reply,) = await (self._round_trip([args]) if wire is None else wire.send([args]))
+                (reply,) = await self._round_trip([args])
             finally:
                 self._sending -= 1
                 self._start_sender()

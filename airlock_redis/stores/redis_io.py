@@ -172,50 +172,27 @@ def one(op: Op) -> Plan[Any]:
 
 
 def tried(
-    attempt: Callable[[], Plan[T]],
+    attempt: Callable[[], Plan[T]] | Op,
     tries: Tries,
     failure: Callable[[BaseException, bool], StoreError],
     unexpected: Callable[[Exception], StoreError],
 ) -> Generator[Any, Any, T]:
     """Run ``attempt()`` again after a dropped connection or a timeout, as ``tries`` allows; a failure
     becomes ``failure(error, maybe_sent)``, a StoreError that says whether ANY try may have landed;
-    an error redis-py does not wrap becomes ``unexpected(error)``."""
+    an error redis-py does not wrap becomes ``unexpected(error)``. ``attempt`` may also be one
+    operation, yielded as it is (every command but the scripts: one generator less on each)."""
     while True:
         try:
-            return (yield from attempt())
-        except Exception as exc:
-            pause = _pause_after(exc, tries, failure, unexpected)
+            if callable(attempt):
+                return (yield from attempt())
+            reply: T = yield attempt
+            return reply
+        except REDIS_FAILURES as exc:
+            pause = tries.failed(exc)
+            if pause is None:
+                raise failure(exc, tries.maybe_sent) from exc
+        except StoreError:
+            raise
+        except Exception as exc:  # redis-py failed in a way it does not wrap (a bug of its own)
+            raise unexpected(exc) from exc
         yield Pause(pause)
-
-
-def tried_op(
-    op: Op,
-    tries: Tries,
-    failure: Callable[[BaseException, bool], StoreError],
-    unexpected: Callable[[Exception], StoreError],
-) -> Generator[Any, Any, Any]:
-    """:func:`tried` of an attempt that is the one operation ``op`` (every command of the store but
-    the scripts, which answer NOSCRIPT): one generator less on every command."""
-    while True:
-        try:
-            return (yield op)
-        except Exception as exc:
-            pause = _pause_after(exc, tries, failure, unexpected)
-        yield Pause(pause)
-
-
-def _pause_after(
-    exc: Exception,
-    tries: Tries,
-    failure: Callable[[BaseException, bool], StoreError],
-    unexpected: Callable[[Exception], StoreError],
-) -> float:
-    """The pause before the next try after a try failed with ``exc``; raises when there is none."""
-    if isinstance(exc, StoreError):
-        raise exc
-    if not isinstance(exc, REDIS_FAILURES):  # redis-py failed in a way it does not wrap (a bug of its own)
-        raise unexpected(exc) from exc
-    pause = tries.failed(exc)
-    if pause is None:
-        raise failure(exc, tries.maybe_sent) from exc
-    return pause

@@ -51,6 +51,7 @@ from .redis_io import (
     Command,
     Facts,
     MaxBulk,
+    Op,
     Pause,
     Read,
     Waited,
@@ -58,7 +59,6 @@ from .redis_io import (
     blocking_io,
     one,
     tried,
-    tried_op,
 )
 from .renewals import renew_all
 from .replies import parse_begin, parse_record, parse_transition
@@ -286,13 +286,13 @@ class RedisEffectStore:
     def _async_tries(self) -> Tries:
         return Tries(RETRIES) if self._async_own_tries else Tries.blind()
 
-    def _tried(self, attempt: Callable[[], Plan[T]], tries: Tries) -> Plan[T]:
+    def _tried(self, attempt: Callable[[], Plan[T]] | Op, tries: Tries) -> Plan[T]:
         """``attempt()`` re-sent after a dropped connection or a timeout (see :func:`.redis_io.tried`)."""
         return tried(attempt, tries, _failure, _unexpected)
 
     def _command(self, args: tuple[Any, ...], tries: Tries) -> Plan[Any]:
         """One command through the client (raw reply), with the store's tries."""
-        return tried_op(Command(args), tries, _failure, _unexpected)
+        return self._tried(Command(args), tries)
 
     def _script(
         self, name: str, tool_call_id: str, args: list[Any], with_source: bool, tries: Tries

@@ -111,26 +111,32 @@ class ScriptArgs:
         stored, data = (b"0", b"") if value is None else (b"1", value)
         mac = mac or b""
         now = now_ms()
-        args: list[Any] = [
-            pack_token(request.token),
+        first = self._firsts.pop(request.token, None)
+        if first is None or attempt != 1:
+            owner, key, tool = (
+                pack_token(request.token),
+                pack_key(request.idempotency_key),
+                tool_bytes(request.tool),
+            )
+            return [owner, stored, data, mac, self.committed_ms, now, key, tool, attempt]
+        # what the begin wrote, and the committed record over it but for the value: when the key still
+        # holds exactly those bytes, the script writes these without reading the record
+        head = pack_committed_head(
+            first.owner, first.key, first.tool, first.begun, now, value is not None, mac
+        )
+        return [
+            first.owner,
             stored,
             data,
             mac,
             self.committed_ms,
             now,
-            pack_key(request.idempotency_key),
-            tool_bytes(request.tool),
+            first.key,
+            first.tool,
             attempt,
+            first.record,
+            head,
         ]
-        first = self._firsts.pop(request.token, None)
-        if first is not None and attempt == 1:
-            # what the begin wrote, and the committed record over it but for the value: when the key
-            # still holds exactly those bytes, the script writes these without reading the record
-            head = pack_committed_head(
-                first.owner, first.key, first.tool, first.begun, now, value is not None, mac
-            )
-            args += [first.record, head]
-        return args
 
     def settle(self, request: BeginRequest, attempt: int, settlement: Settlement) -> list[Any]:
         self._firsts.pop(request.token, None)
