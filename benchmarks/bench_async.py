@@ -37,6 +37,7 @@ from typing import Any
 from airlock_redis import EffectGuard, RedisEffectStore, tool_call_context
 from airlock_redis.core.codec import DEFAULT_MAX_RESULT_BYTES, encode_result
 from airlock_redis.embedded import EmbeddedRedis
+from benchmarks.compare import describe_machine
 
 DEFAULT_LEVELS = (1, 64, 256)
 RESULT: dict[str, object] = {"status": "ok", "charge_id": "ch_0123456789abcdef", "cents": 2500}
@@ -232,15 +233,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     with EmbeddedRedis(unix_socket=not args.tcp) as server:
-        with server.client() as admin:
-            server_version = str(admin.info("server").get("redis_version"))
+        machine = describe_machine(server, "loopback TCP" if args.tcp else "unix socket")
         levels = asyncio.run(
             measure(server.url, args.levels, args.calls, args.rounds, args.warmup, args.without_lease)
         )
     report(levels)
     if args.json is not None:
         args.json.write_text(
-            json.dumps({**figures(levels, args), "redis_server": server_version}, indent=2) + "\n"
+            json.dumps(
+                {**figures(levels, args), "redis_server": machine["redis_server"], "machine": machine},
+                indent=2,
+            )
+            + "\n"
         )
     return 0
 

@@ -315,7 +315,12 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def describe_machine(server: EmbeddedRedis) -> dict[str, Any]:
+SEQUENTIAL_TCP = "TCP loopback (127.0.0.1), one connection per row, sequential calls"
+
+
+def describe_machine(server: EmbeddedRedis, transport: str = SEQUENTIAL_TCP) -> dict[str, Any]:
+    """The machine, its load and the versions a benchmark ran on: ratios differ between machines
+    (the cost of waking a process that waits for a reply differs most), so every result says where."""
     with server.client() as client:
         info = client.info("server")
     version = subprocess.run(
@@ -331,7 +336,8 @@ def describe_machine(server: EmbeddedRedis) -> dict[str, Any]:
         "redis_server": info.get("redis_version"),
         "redis_server_build": version,
         "redis_py": redis.__version__,
-        "transport": "TCP loopback (127.0.0.1), one connection per row, sequential calls",
+        "kernel": platform.release(),
+        "transport": transport,
     }
 
 

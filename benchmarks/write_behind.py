@@ -41,6 +41,7 @@ import redis
 from airlock_redis import EffectGuard, RedisEffectStore, tool_call_context
 from airlock_redis.embedded import EmbeddedRedis
 from airlock_redis.stores.keys import record_key
+from benchmarks.compare import describe_machine
 
 TARGET_PROXY_RATIO = 0.65  # write_behind=True / floor, through the proxy
 TARGET_LOOPBACK_RATIO = 1.0  # write_behind=True / write_behind=False, on loopback
@@ -206,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     with EmbeddedRedis(unix_socket=False) as server:
+        machine = describe_machine(server, "loopback TCP, through the proxy and without it")
         host, port = "127.0.0.1", int(server.url.rsplit(":", 1)[1].split("/")[0])
         proxy, proxy_port = start_proxy((host, port), args.delay_ms / 1000)
         try:
@@ -226,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         args.json.write_text(
-            json.dumps({"delay_ms": args.delay_ms, "proxied": proxied, "loopback": loopback}, indent=2) + "\n"
+            json.dumps(
+                {"delay_ms": args.delay_ms, "proxied": proxied, "loopback": loopback, "machine": machine},
+                indent=2,
+            )
+            + "\n"
         )
     return 0
 

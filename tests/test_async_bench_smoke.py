@@ -27,6 +27,9 @@ def test_bench_async_produces_figures_for_each_level(tmp_path: Path) -> None:
     figures = json.loads(out.read_text())
     assert [level["concurrency"] for level in figures["levels"]] == [1, 4]
     assert figures["redis_server"][:1].isdigit()  # the version of the server it measured
+    machine = figures["machine"]  # where it ran: ratios differ between machines
+    assert machine["redis_server"] == figures["redis_server"] and machine["transport"] == "unix socket"
+    assert machine["cores"] >= 1 and machine["cpu"] and machine["kernel"] and machine["redis_py"]
     for level in figures["levels"]:
         assert level["calls"] == 20
         assert level["floor_calls_per_s"] > 0 and level["guarded_calls_per_s"] > 0
