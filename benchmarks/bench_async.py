@@ -57,6 +57,10 @@ class Level:
     unpipelined_ratios: tuple[float, ...] = ()
     leaseless_calls_per_s: float = 0.0  # the default store, the guard with lease=None (--without-lease)
     leaseless_ratios: tuple[float, ...] = ()
+    # this process's CPU (user + system) per call, medians over rounds: near the wall time per call
+    # (concurrency / calls per second), the ratio measures client CPU; far below it, waiting for replies
+    floor_cpu_us: float = 0.0
+    guarded_cpu_us: float = 0.0
 
     @property
     def ratio(self) -> float:
@@ -73,8 +77,16 @@ class Level:
         return statistics.median(self.leaseless_ratios) if self.leaseless_ratios else 0.0
 
 
-async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> float:
-    """Run ``calls`` calls of ``one`` from ``concurrency`` workers; return calls per second."""
+@dataclass(frozen=True)
+class Run:
+    """One drive: calls per second, and this process's CPU per call in microseconds."""
+
+    calls_per_s: float
+    cpu_us: float
+
+
+async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[None]]) -> Run:
+    """Run ``calls`` calls of ``one`` from ``concurrency`` workers."""
     next_index = 0
 
     async def worker() -> None:
@@ -84,9 +96,10 @@ async def drive(calls: int, concurrency: int, one: Callable[[int], Awaitable[Non
             next_index += 1
             await one(index)
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, calls))))
-    return calls / (time.perf_counter() - started)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return Run(calls / wall, cpu / calls * 1e6)
 
 
 async def measure_level(  # noqa: PLR0917
@@ -131,10 +144,15 @@ async def measure_level(  # noqa: PLR0917
         await drive(warmup, concurrency, guarded_call(mode, f"warm-{run}-{concurrency}"))
     floor: list[float] = []
     guarded: dict[str, list[float]] = {mode: [] for mode in tools}
+    cpu: dict[str, list[float]] = {"floor": [], "auto": []}
     for r in range(rounds):  # interleaved: each round's ratios compare neighbours in time
-        floor.append(await drive(calls, concurrency, floor_call))
+        ran = await drive(calls, concurrency, floor_call)
+        floor.append(ran.calls_per_s)
+        cpu["floor"].append(ran.cpu_us)
         for mode, figures in guarded.items():
-            figures.append(await drive(calls, concurrency, guarded_call(mode, f"g-{run}-{concurrency}-{r}")))
+            ran = await drive(calls, concurrency, guarded_call(mode, f"g-{run}-{concurrency}-{r}"))
+            figures.append(ran.calls_per_s)
+            cpu.setdefault(mode, []).append(ran.cpu_us)
     alone = guarded.get("alone", [])
     leaseless = guarded.get("leaseless", [])
     return Level(
@@ -147,6 +165,8 @@ async def measure_level(  # noqa: PLR0917
         tuple(g / f for g, f in zip(alone, floor, strict=True)) if alone else (),
         statistics.median(leaseless) if leaseless else 0.0,
         tuple(g / f for g, f in zip(leaseless, floor, strict=True)) if leaseless else (),
+        statistics.median(cpu["floor"]),
+        statistics.median(cpu["auto"]),
     )
 
 
@@ -184,6 +204,21 @@ def report(levels: Sequence[Level], out: Any = sys.stdout) -> None:
             file=out,
         )
     print("guarded: the store's defaults (auto-pipelining); one by one: auto_pipeline=False", file=out)
+    for level in levels:
+        print(
+            f"client CPU per call at {level.concurrency} (its share of the time per call): "
+            f"floor {level.floor_cpu_us:.0f} us ({busy(level.floor_cpu_us, level.floor_calls_per_s):.2f}), "
+            f"guarded {level.guarded_cpu_us:.0f} us "
+            f"({busy(level.guarded_cpu_us, level.guarded_calls_per_s):.2f})",
+            file=out,
+        )
+
+
+def busy(cpu_us: float, calls_per_s: float) -> float:
+    """The share of the time per call this process spent on the CPU: near 1, the ratio measures client
+    CPU; well below it, waiting for replies (what waking a waiting process costs differs most between
+    machines)."""
+    return cpu_us * calls_per_s / 1e6
 
 
 def figures(levels: Sequence[Level], args: argparse.Namespace) -> dict[str, Any]:

@@ -37,6 +37,8 @@ def test_bench_async_produces_figures_for_each_level(tmp_path: Path) -> None:
         assert level["unpipelined_calls_per_s"] > 0  # the store with auto_pipeline=False, beside it
         ratio = level["unpipelined_calls_per_s"] / level["floor_calls_per_s"]
         assert level["unpipelined_ratio"] == pytest.approx(ratio)
+        assert level["floor_cpu_us"] > 0 and level["guarded_cpu_us"] > 0  # this process's CPU per call
+    assert done.stdout.count("client CPU per call at") == 2  # a line per level
 
 
 def test_bench_async_rejects_a_non_positive_count() -> None:
