@@ -591,6 +591,52 @@ def test_the_first_records_kept_for_commits_are_bounded_and_let_go(rstore: Redis
     assert len(args.commit(many[0], 1, b"v", None)) == 9 and len(args.commit(many[-1], 1, b"v", None)) == 11
 
 
+DIFFERS = [("tool_call_id", "idempotency_key"), ("tool_call_id", "tool"), ("idempotency_key",), ("tool",)]
+
+
+@pytest.mark.parametrize("differs", DIFFERS)
+def test_a_commit_uses_only_the_bytes_its_own_call_began_with(
+    rstore: RedisEffectStore, differs: tuple[str, ...]
+) -> None:
+    """What a plain begin wrote is kept under the attempt's owner token; a commit under the same token
+    for another call (a caller that reuses a token) writes exactly what the general path writes,
+    never a record made of the other call's bytes. Found by the model check
+    (tests/test_model_check.py): a begin of call-b, then a commit of call-a with the same token and
+    another idempotency key, wrote call-b's idempotency key into call-a's record."""
+
+    rstore.begin(BeginRequest("proof", KEY, TOOL, secrets.token_hex(16), False))  # then plain begins
+
+    def scenario(general_path: bool) -> tuple[Any, ...]:
+        token, suffix = secrets.token_hex(16), secrets.token_hex(3)
+        began = BeginRequest(f"began-{suffix}", KEY, TOOL, token, False)
+        assert rstore.begin(began).kind is BeginKind.STARTED
+        other = {
+            "tool_call_id": f"other-{suffix}",
+            "idempotency_key": idempotency_key(TOOL, {"cents": 6}),
+            "tool": "refund",
+        }
+        fields = {"tool_call_id": began.tool_call_id, "idempotency_key": KEY, "tool": TOOL}
+        fields.update({name: other[name] for name in differs})
+        commit = BeginRequest(fields["tool_call_id"], fields["idempotency_key"], fields["tool"], token, False)
+        assert token in rstore._args._firsts  # the begin was a plain SET NX: its bytes are kept
+        if general_path:
+            rstore._args._firsts.clear()  # as after too many begins: the commit sends nine arguments
+        seen: list[Any] = [rstore.commit(commit, 1, b"v", None)]  # RECREATED where no record was
+        for tool_call_id in dict.fromkeys((began.tool_call_id, commit.tool_call_id)):
+            record = rstore.get(tool_call_id)
+            assert record is not None
+            seen.append((record.status, record.idempotency_key, record.tool, record.attempt, record.value))
+        return tuple(seen)
+
+    ours, general = scenario(general_path=False), scenario(general_path=True)
+    assert ours == general
+    if "tool_call_id" in differs:  # the committed record is the commit's own call's
+        status, key, tool, _, value = ours[2]
+        assert status is Status.COMMITTED and value == b"v"
+        assert key == (idempotency_key(TOOL, {"cents": 6}) if "idempotency_key" in differs else KEY)
+        assert tool == ("refund" if "tool" in differs else TOOL)
+
+
 def test_binary_fields_round_trip_through_the_store(rstore: RedisEffectStore) -> None:
     request = BeginRequest("bin-1", KEY, "tøøl\x00;,", secrets.token_hex(16), False)
     rstore.begin(request)

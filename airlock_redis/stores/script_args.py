@@ -71,7 +71,7 @@ class ScriptArgs:
         begun = now_ms()
         record = pack_pending(owner, key, tool, begun, request.lease_ms, self.pending)
         firsts = self._firsts
-        firsts[request.token] = _First(record, owner, key, tool, begun)
+        firsts[request.token] = _First(record, owner, key, tool, begun, _call_of(request))
         if len(firsts) > REMEMBERED_FIRSTS:
             with contextlib.suppress(RuntimeError, StopIteration, KeyError):  # another thread's change
                 del firsts[next(iter(firsts))]
@@ -112,7 +112,8 @@ class ScriptArgs:
         mac = mac or b""
         now = now_ms()
         first = self._firsts.pop(request.token, None)
-        if first is None or attempt != 1:
+        # only the begin of this very call (a token is an attempt's, but a caller may reuse one)
+        if first is None or attempt != 1 or first.of != _call_of(request):
             owner, key, tool = (
                 pack_token(request.token),
                 pack_key(request.idempotency_key),
@@ -206,6 +207,11 @@ class ScriptCommand:
         return ("EVAL", script_bytes(self._name), *self._args)
 
 
+def _call_of(request: BeginRequest) -> tuple[str, str, str]:
+    """What a commit must share with a begin to use the bytes that begin wrote."""
+    return (request.tool_call_id, request.idempotency_key, request.tool)
+
+
 class _First(NamedTuple):
     """What a begin's ``SET NX`` wrote (``record``), and the fields the commit's record is made of."""
 
@@ -214,3 +220,4 @@ class _First(NamedTuple):
     key: bytes
     tool: bytes
     begun: int
+    of: tuple[str, str, str]  # the begin's tool_call_id, idempotency key and tool
