@@ -266,7 +266,7 @@ def test_the_store_writes_directly_only_on_the_client_it_built(redis_server: Emb
     ids=["set-nx", "evalsha-mixed", "large-and-many"],
 )
 def test_the_exchange_packs_commands_as_redis_py_does(commands: list[tuple[Any, ...]]) -> None:
-    from airlock_redis.stores.exchange import pack
+    from airlock_redis.stores.resp import pack
 
     connection = aredis.Connection()
     ours = pack(commands)
@@ -278,7 +278,7 @@ def test_the_exchange_packs_commands_as_redis_py_does(commands: list[tuple[Any, 
 
 
 def test_an_argument_the_exchange_does_not_pack_goes_to_redis_py() -> None:
-    from airlock_redis.stores.exchange import pack
+    from airlock_redis.stores.resp import pack
 
     assert pack([("SET", b"k", 1.5)]) is None
     assert pack([("SET", b"k", True)]) is None
@@ -315,7 +315,7 @@ def test_a_readonly_answer_from_a_demoted_primary(behind_sentinel: bool) -> None
     a script's READONLY (Redis 6.2 wraps the script's in ``ERR Error running script``) become
     OnReplica (refused, never applied, sent again by the store's tries), the connection is closed, not
     kept, and the pool asks Sentinel for the primary. On a plain pool they stay the error replies."""
-    from airlock_redis.stores.exchange import OnReplica
+    from airlock_redis.stores.replica_replies import OnReplica
 
     target = key()
     with EmbeddedRedis() as server:

@@ -3,7 +3,7 @@ primary): commands packed and written at once on one connection of the client's 
 replies read back in order, through the connection's and the pool's public methods
 (``send_packed_command``, ``read_response``; ``get_connection``, ``ensure_connection``,
 ``release``). The store's commands, whose arguments are all bytes, str or int, are packed into RESP
-here (:func:`pack`, checked against redis-py's own packer by the tests); any other argument goes
+here (:func:`.resp.pack`, checked against redis-py's own packer by the tests); any other argument goes
 through the connection's ``pack_commands``.
 
 Why not ``client.execute_command`` or ``pipeline()``: for each command those take a connection from
@@ -31,10 +31,11 @@ failure, raised: every command of it may have landed.
 Behind Sentinel, a ``READONLY`` answer means the server this connection reaches was demoted by a
 failover. redis-py's Sentinel connection turns a plain ``READONLY`` into a dropped connection; a
 script's ``READONLY`` comes back as a plain error reply on Redis 6.2 (``ERR Error running script ...
--READONLY ...``), and a connection kept here would go on reaching the demoted server. So such a reply
-becomes :class:`OnReplica` (a connection error that says the command was refused, never applied:
-the store's tries send it again), the connection is closed, and the pool asks Sentinel for the
-primary (``get_master_address``, which closes the pool's idle connections to the old one).
+-READONLY ...``), and a connection kept here would go on reaching the demoted server. So such a
+reply becomes :class:`.replica_replies.OnReplica` (a connection error that says the command was
+refused, never applied: the store's tries send it again), the connection is closed, and the pool
+asks Sentinel for the primary (``get_master_address``, which closes the pool's idle connections to
+the old one).
 """
 
 from __future__ import annotations
@@ -50,16 +51,13 @@ from redis.asyncio.cluster import RedisCluster
 
 from .deadlines import SUPPORTED as KEEPS_DEADLINES
 from .deadlines import Deadlines
+from .replica_replies import as_refused, from_a_replica
+from .resp import packer_for
 
 if sys.version_info >= (3, 11):
     from asyncio import timeout as deadline
 else:  # pragma: no cover - redis-py requires async-timeout on Python 3.10
     from async_timeout import timeout as deadline
-
-
-class OnReplica(redis.ConnectionError):
-    """The server answered READONLY: a failover made it a replica. The command was refused, never
-    applied (a replica runs no write, and a script stops at its first one)."""
 
 
 # A pool smaller than this is never held from (a BlockingConnectionPool made for a user's own
@@ -82,8 +80,7 @@ class Exchange:
         # a Sentinel pool of the primary: a READONLY answer means a failover (see the module docstring)
         self._follows_primary = getattr(self._pool, "is_master", False) is True
         # the store's commands (bytes, str, int arguments) packed here; anything else by redis-py
-        encoding = str(getattr(client.get_encoder(), "encoding", "")).lower().replace("_", "-")
-        self._pack = pack if encoding in ("utf-8", "utf8") else _not_packed
+        self._pack = packer_for(client)
 
     @property
     def kept(self) -> int:
@@ -113,9 +110,9 @@ class Exchange:
                     raise
                 finally:
                     deadlines.stop(running)
-            if self._follows_primary and any(map(_from_a_replica, replies)):
+            if self._follows_primary and any(map(from_a_replica, replies)):
                 await self._primary_moved(connection)
-                return [_as_refused(reply) for reply in replies]
+                return [as_refused(reply) for reply in replies]
             keep = len(self._idle) < self._keep
             return replies
         except (TimeoutError, asyncio.TimeoutError):  # the deadline (the same class from 3.11 on)
@@ -169,21 +166,6 @@ class Exchange:
         return reply if callback is None else callback(reply)
 
 
-def _from_a_replica(reply: Any) -> bool:
-    """A READONLY error reply: a plain one, or a script's as Redis 6.2 wraps it."""
-    if not isinstance(reply, redis.ResponseError):
-        return False
-    text = str(reply)
-    plain = isinstance(reply, redis.exceptions.ReadOnlyError) or text.startswith("READONLY")
-    return plain or "-READONLY " in text
-
-
-def _as_refused(reply: Any) -> Any:
-    if not _from_a_replica(reply):
-        return reply
-    return OnReplica(f"a failover made the server a replica; the command was refused, not applied ({reply})")
-
-
 def exchange_for(client: Any, *, keep: int) -> Exchange | None:
     """An :class:`Exchange` for a plain redis-py asyncio client (its connections redis-py's, or
     subclasses of them); None for anything else (a Cluster, whose pipeline groups commands by node;
@@ -199,29 +181,3 @@ def exchange_for(client: Any, *, keep: int) -> Exchange | None:
     ):
         return None
     return Exchange(client, keep=keep)
-
-
-def pack(commands: list[tuple[Any, ...]]) -> bytes | None:
-    """The RESP requests for ``commands`` as one buffer, when every argument is bytes, str (as UTF-8)
-    or int (not bool), as redis-py packs them; None for any other argument (redis-py's
-    ``pack_commands`` then packs the batch, and raises for what it refuses). The store's commands
-    are all of these three kinds: this is about half the client CPU of redis-py's general packer."""
-    parts: list[bytes] = []
-    for args in commands:
-        parts.append(b"*%d\r\n" % len(args))
-        for arg in args:
-            kind = type(arg)
-            if kind is bytes:
-                data = arg
-            elif kind is str:
-                data = arg.encode()
-            elif kind is int:
-                data = b"%d" % arg
-            else:
-                return None
-            parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
-    return b"".join(parts)
-
-
-def _not_packed(commands: list[tuple[Any, ...]]) -> None:
-    return None

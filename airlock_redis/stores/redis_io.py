@@ -97,11 +97,22 @@ def _waited(op: Waited) -> dict[str, Any]:
     return {"key": op.key, "sha": op.sha, "source": op.source, "args": op.args, "facts": op.facts}
 
 
-def blocking_io(client: Callable[[], Any]) -> Callable[[Op], Any]:
-    """Carry an operation out with the blocking client ``client()`` returns."""
+def blocking_io(
+    client: Callable[[], Any], command: Callable[[tuple[Any, ...]], Any] | None = None
+) -> Callable[[Op], Any]:
+    """Carry an operation out with the blocking client ``client()`` returns; a :class:`Command`
+    through ``command(args)`` when given (the store's own wire, :mod:`.blocking_wire`)."""
+    if command is None:
 
-    def perform(op: Op) -> Any:
-        return _BLOCKING[type(op)](client(), op)
+        def perform(op: Op) -> Any:
+            return _BLOCKING[type(op)](client(), op)
+
+    else:
+
+        def perform(op: Op) -> Any:
+            if type(op) is Command:
+                return command(op.args)
+            return _BLOCKING[type(op)](client(), op)
 
     return perform
 

@@ -41,6 +41,7 @@ from ..core.records import (
 )
 from ..core.stepping import Plan, adrive, drive
 from ..redaction import redact, without_password
+from .blocking_wire import BlockingWire, blocking_wire_for
 from .durability import ReplicaWait
 from .keys import DEFAULT_NAMESPACE, check_namespace, index_key, record_key
 from .layout import pack_holder, parse_holder
@@ -196,14 +197,17 @@ class RedisEffectStore:
             owned=async_client is None or is_factory(async_client),
             direct=self._async_own_tries,
         )
-        # how the operations' plans are carried out: the blocking client, or the running loop's
-        self._io = blocking_io(lambda: self.client)
+        # how the operations' plans are carried out: the blocking client (a command on the store's
+        # own client through its wire, see .blocking_wire), or the running loop's
+        self._wire: BlockingWire | None = None  # made on first use
+        self._io = blocking_io(lambda: self.client, self._send_on_wire if builds_one_try else None)
         self.auto_pipeline = auto_pipeline
         self._aio = async_io(self.async_client, self._pipelined if auto_pipeline else None)
         # write_behind: commits and settles to unknown go to a background sender (see .write_behind),
         # and every operation on a record first waits for this process's queued writes of it
         self.write_behind = write_behind
-        self._behind = WriteBehind(lambda: self.client, self.async_client) if write_behind else None
+        wire = self._blocking_wire if builds_one_try else _no_wire
+        self._behind = WriteBehind(lambda: self.client, self.async_client, wire) if write_behind else None
         self._wakeups: Listener | None = None  # made on the first wait (see .wakeups)
         if self._behind is not None:
             self._io = self._behind.guard_blocking(self._io)
@@ -279,6 +283,22 @@ class RedisEffectStore:
             retries = 0 if self._own_tries else RETRIES
             self._client = sync_client(self._parsed_url, retries=retries, **self._timeouts)
         return self._client
+
+    def _blocking_wire(self) -> BlockingWire | None:
+        """The wire of the blocking client the store built (see .blocking_wire); None for a client
+        it does not take."""
+        wire = self._wire
+        if wire is None:
+            wire = self._wire = blocking_wire_for(self.client)
+        return wire
+
+    def _send_on_wire(self, args: tuple[Any, ...]) -> Any:
+        """One command on the blocking client the store built, through its wire."""
+        wire = self._blocking_wire()
+        if wire is not None:
+            return wire.command(args)
+        client: Any = self.client
+        return client.execute_command(*args)
 
     def _tries(self) -> Tries:
         return Tries(RETRIES) if self._own_tries else Tries.blind()
@@ -730,6 +750,10 @@ class RedisEffectStore:
         if self._behind is not None:
             await self.aflush(CLOSE_TIMEOUT)
         await self._loops.aclose_current()
+
+
+def _no_wire() -> None:
+    return None
 
 
 def _claim_reply(reply: Any) -> Holder | None:

@@ -22,7 +22,7 @@ from typing import Any, Final
 import redis
 
 from .autopipe import NotSent
-from .exchange import OnReplica
+from .replica_replies import OnReplica
 
 RETRIES: Final = 2  # re-sends after the first try
 RETRY_BACKOFF: Final = (0.05, 0.5)  # seconds: base and cap of the exponential backoff with full jitter

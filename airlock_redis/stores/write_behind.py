@@ -80,6 +80,7 @@ from redis.exceptions import (
 from ..core.errors import StoreError
 from ..core.records import BeginRequest, TransitionResult
 from ..core.stepping import Plan, adrive, drive
+from .blocking_wire import BlockingWire
 from .redis_io import REDIS_FAILURES, Command, Op, Pause, Read, Waited
 from .replies import parse_transition
 from .script_args import ScriptCommand
@@ -253,8 +254,16 @@ def _key_of(op: Op) -> bytes | None:
 class WriteBehind:
     """The write-behind senders of one store (see the module docstring)."""
 
-    def __init__(self, blocking_client: Callable[[], Any], async_client: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        blocking_client: Callable[[], Any],
+        async_client: Callable[[], Any],
+        blocking_wire: Callable[[], BlockingWire | None] = lambda: None,
+    ) -> None:
         self._blocking_client = blocking_client
+        # the store's own wire for its blocking client (see .blocking_wire), or None: the blocking
+        # sender's batches then go through the client's pipeline
+        self._blocking_wire = blocking_wire
         self._async_client = async_client
         self.listeners: list[WriteBehindListener] = []  # see RedisEffectStore.add_write_behind_listener
         self.start_afresh()
@@ -411,6 +420,9 @@ class WriteBehind:
             time.sleep(op.seconds)
             return None
         assert type(op) is Pipe
+        wire = self._blocking_wire()
+        if wire is not None:
+            return wire.send(list(op.commands))
         pipe = self._blocking_client().pipeline(transaction=False)
         for args in op.commands:
             pipe.execute_command(*args)
