@@ -30,8 +30,8 @@ from .resp import packer_for
 
 
 class BlockingWire:
-    """Sends one command at a time on connections of ``client``'s pool. Safe to share between
-    threads: it keeps nothing between commands but what it read from the client when made."""
+    """Sends a command, or a batch, at a time on connections of ``client``'s pool. Safe to share
+    between threads: it keeps nothing between sends but what it read from the client when made."""
 
     __slots__ = ("_callbacks", "_follows_primary", "_pack", "_pool")
 
@@ -42,28 +42,11 @@ class BlockingWire:
         self._pack = packer_for(client)
 
     def command(self, args: tuple[Any, ...]) -> Any:
-        """The reply to ``args``; an error reply raised."""
-        pool = self._pool
-        connection = pool.get_connection()
-        try:
-            packed = self._pack([args])  # the blocking connection writes a list of chunks
-            connection.send_packed_command([packed] if packed is not None else connection.pack_command(*args))
-            reply = connection.read_response()
-        except redis.ResponseError as exc:  # the command's own error: the connection is in step
-            if self._follows_primary and from_a_replica(exc):
-                connection.disconnect()
-                pool.release(connection)
-                self._primary_moved()
-                raise as_refused(exc) from exc
-            pool.release(connection)
-            raise
-        except BaseException:  # dropped, timed out, interrupted: the connection is out of step
-            connection.disconnect()  # (redis-py's own connection has closed itself already)
-            pool.release(connection)
-            raise
-        pool.release(connection)
-        callback = self._callbacks.get(args[0])
-        return reply if callback is None else callback(reply)
+        """The reply to ``args``; an error reply raised (see :meth:`send`)."""
+        (reply,) = self.send([args])
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        return reply
 
     def send(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """The replies to ``commands``, written at once and read back in order, each error reply in
@@ -74,13 +57,13 @@ class BlockingWire:
         pool = self._pool
         connection = pool.get_connection()
         try:
-            packed = self._pack(commands)
+            packed = self._pack(commands)  # the blocking connection writes a list of chunks
             connection.send_packed_command(
                 [packed] if packed is not None else connection.pack_commands(commands)
             )
             replies = [self._reply(connection, args[0]) for args in commands]
         except BaseException:  # dropped, timed out, interrupted: the connection is out of step
-            connection.disconnect()
+            connection.disconnect()  # (redis-py's own connection has closed itself already)
             pool.release(connection)
             raise
         refused = next(filter(from_a_replica, replies), None) if self._follows_primary else None
