@@ -144,7 +144,7 @@ async def measure_level(  # noqa: PLR0917
         await drive(warmup, concurrency, guarded_call(mode, f"warm-{run}-{concurrency}"))
     floor: list[float] = []
     guarded: dict[str, list[float]] = {mode: [] for mode in tools}
-    cpu: dict[str, list[float]] = {"floor": [], "auto": []}
+    cpu: dict[str, list[float]] = {"floor": [], **{mode: [] for mode in tools}}
     for r in range(rounds):  # interleaved: each round's ratios compare neighbours in time
         ran = await drive(calls, concurrency, floor_call)
         floor.append(ran.calls_per_s)
@@ -152,7 +152,7 @@ async def measure_level(  # noqa: PLR0917
         for mode, figures in guarded.items():
             ran = await drive(calls, concurrency, guarded_call(mode, f"g-{run}-{concurrency}-{r}"))
             figures.append(ran.calls_per_s)
-            cpu.setdefault(mode, []).append(ran.cpu_us)
+            cpu[mode].append(ran.cpu_us)
     alone = guarded.get("alone", [])
     leaseless = guarded.get("leaseless", [])
     return Level(

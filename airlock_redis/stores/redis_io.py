@@ -22,6 +22,7 @@ from redis.exceptions import ClusterError
 from ..core.errors import StoreError
 from ..core.stepping import Plan
 from .asking import NodeClients, afollow, gave_up_on_ask, key_of
+from .blocking_wire import BlockingWire
 from .durability import ReplicaWait, aread_facts, on_primaries, read_facts
 from .server_facts import ServerFacts
 from .tries import Tries
@@ -98,21 +99,15 @@ def _waited(op: Waited) -> dict[str, Any]:
 
 
 def blocking_io(
-    client: Callable[[], Any], command: Callable[[tuple[Any, ...]], Any] | None = None
+    client: Callable[[], Any], wire: Callable[[], BlockingWire | None] = lambda: None
 ) -> Callable[[Op], Any]:
     """Carry an operation out with the blocking client ``client()`` returns; a :class:`Command`
-    through ``command(args)`` when given (the store's own wire, :mod:`.blocking_wire`)."""
-    if command is None:
+    on ``wire()`` when there is one (the store's own client, see :mod:`.blocking_wire`)."""
 
-        def perform(op: Op) -> Any:
-            return _BLOCKING[type(op)](client(), op)
-
-    else:
-
-        def perform(op: Op) -> Any:
-            if type(op) is Command:
-                return command(op.args)
-            return _BLOCKING[type(op)](client(), op)
+    def perform(op: Op) -> Any:
+        if type(op) is Command and (on_wire := wire()) is not None:
+            return on_wire.command(op.args)
+        return _BLOCKING[type(op)](client(), op)
 
     return perform
 

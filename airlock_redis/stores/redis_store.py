@@ -199,15 +199,16 @@ class RedisEffectStore:
         )
         # how the operations' plans are carried out: the blocking client (a command on the store's
         # own client through its wire, see .blocking_wire), or the running loop's
-        self._wire: BlockingWire | None = None  # made on first use
-        self._io = blocking_io(lambda: self.client, self._send_on_wire if builds_one_try else None)
+        self._wire: BlockingWire | None = None  # made with the client the store builds (see client)
+        self._io = blocking_io(lambda: self.client, self._blocking_wire)
         self.auto_pipeline = auto_pipeline
         self._aio = async_io(self.async_client, self._pipelined if auto_pipeline else None)
         # write_behind: commits and settles to unknown go to a background sender (see .write_behind),
         # and every operation on a record first waits for this process's queued writes of it
         self.write_behind = write_behind
-        wire = self._blocking_wire if builds_one_try else _no_wire
-        self._behind = WriteBehind(lambda: self.client, self.async_client, wire) if write_behind else None
+        self._behind = (
+            WriteBehind(lambda: self.client, self.async_client, self._blocking_wire) if write_behind else None
+        )
         self._wakeups: Listener | None = None  # made on the first wait (see .wakeups)
         if self._behind is not None:
             self._io = self._behind.guard_blocking(self._io)
@@ -273,32 +274,29 @@ class RedisEffectStore:
     def client(self) -> SyncClient:
         """The blocking redis-py client: the one passed as ``client=``, else made from the URL on
         first use."""
-        if self._client is None:
-            if self.url is None:
-                raise StoreError(
-                    "this RedisEffectStore was given only an async client: blocking calls need a url "
-                    "or client= (a redis-py client)"
-                )
-            assert self._parsed_url is not None
-            retries = 0 if self._own_tries else RETRIES
-            self._client = sync_client(self._parsed_url, retries=retries, **self._timeouts)
-        return self._client
+        client = self._client
+        return client if client is not None else self._build_client()
+
+    def _build_client(self) -> SyncClient:
+        if self.url is None:
+            raise StoreError(
+                "this RedisEffectStore was given only an async client: blocking calls need a url "
+                "or client= (a redis-py client)"
+            )
+        assert self._parsed_url is not None
+        retries = 0 if self._own_tries else RETRIES
+        client = sync_client(self._parsed_url, retries=retries, **self._timeouts)
+        # the store's own client (one try per command, but on Cluster): its commands go on its wire
+        self._wire = blocking_wire_for(client)
+        self._client = client
+        return client
 
     def _blocking_wire(self) -> BlockingWire | None:
         """The wire of the blocking client the store built (see .blocking_wire); None for a client
-        it does not take."""
-        wire = self._wire
-        if wire is None:
-            wire = self._wire = blocking_wire_for(self.client)
-        return wire
-
-    def _send_on_wire(self, args: tuple[Any, ...]) -> Any:
-        """One command on the blocking client the store built, through its wire."""
-        wire = self._blocking_wire()
-        if wire is not None:
-            return wire.command(args)
-        client: Any = self.client
-        return client.execute_command(*args)
+        passed in, or a Cluster's."""
+        if self._client is None:
+            self._build_client()
+        return self._wire
 
     def _tries(self) -> Tries:
         return Tries(RETRIES) if self._own_tries else Tries.blind()
@@ -750,10 +748,6 @@ class RedisEffectStore:
         if self._behind is not None:
             await self.aflush(CLOSE_TIMEOUT)
         await self._loops.aclose_current()
-
-
-def _no_wire() -> None:
-    return None
 
 
 def _claim_reply(reply: Any) -> Holder | None:
